@@ -1,0 +1,32 @@
+# One entry point per habit. Every target creates the virtualenv it needs.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint bench chaos clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/research_agent.py --fresh
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench scripts examples
+	$(VENV)/bin/mypy
+
+bench: $(STAMP)
+	$(PY) -m bench.w40 --out bench/results/w40.json
+
+chaos: $(STAMP)
+	$(PY) -m pytest tests/chaos -q --timeout=900
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info

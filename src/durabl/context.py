@@ -1,0 +1,66 @@
+"""``ctx``: what a workflow may know about its run, with every non-deterministic input recorded."""
+
+from __future__ import annotations
+
+import logging
+import random as _random
+import uuid as _uuid
+from collections.abc import Callable
+from typing import Any, Protocol
+
+logger = logging.getLogger("durabl.workflow")
+_entropy = _random.SystemRandom()
+
+
+class _ValueSource(Protocol):
+    def ctx_value(self, what: str, draw: Callable[[], Any]) -> Any: ...
+
+    @property
+    def replaying(self) -> bool: ...
+
+
+class Context:
+    """Handed to a workflow as its first argument.
+
+    ``now()``, ``random()`` and ``uuid()`` are recorded in the log the first time they are called
+    and served from it on replay, so a workflow that uses them (and never ``time.time()`` or the
+    ``random`` module directly) replays to the same state.
+    """
+
+    __slots__ = ("_clock", "_source", "input", "run_id", "workflow")
+
+    def __init__(
+        self,
+        run_id: str,
+        workflow: str,
+        run_input: Any,
+        source: _ValueSource,
+        clock: Callable[[], float],
+    ) -> None:
+        self.run_id = run_id
+        self.workflow = workflow
+        self.input = run_input
+        self._source = source
+        self._clock = clock
+
+    @property
+    def is_replaying(self) -> bool:
+        """True while the workflow is being fed recorded results (no step has run for real yet)."""
+        return self._source.replaying
+
+    def now(self) -> float:
+        """Epoch seconds from the runtime's clock, recorded on first call."""
+        return float(self._source.ctx_value("now", self._clock))
+
+    def random(self) -> float:
+        """A float in [0, 1), recorded on first call."""
+        return float(self._source.ctx_value("random", _entropy.random))
+
+    def uuid(self) -> str:
+        """A random UUID4 string, recorded on first call."""
+        return str(self._source.ctx_value("uuid", lambda: str(_uuid.uuid4())))
+
+    def log(self, message: str) -> None:
+        """Log a line from the workflow; silent while replaying, so each line appears once."""
+        if not self._source.replaying:
+            logger.info("[%s %s] %s", self.workflow, self.run_id, message)

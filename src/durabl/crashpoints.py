@@ -1,0 +1,110 @@
+"""Named crash points: the instants where the chaos harness kills the runtime.
+
+In production the hook list is empty and ``reach`` costs one truth test of it. A hook raises
+``ProcessDeath`` (a ``BaseException`` the runtime never catches, so the transaction helper rolls
+back and nothing above it can swallow the death) or SIGKILLs its own process.
+
+Each constant's docstring says what is, and is not, durable at that instant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+AFTER_RUN_STARTED = "after_run_started"
+"""The run row and RUN_STARTED are durable; no step has been recorded."""
+BEFORE_STEP_STARTED = "before_step_started"
+"""The workflow yielded a step the log has not seen; nothing of it is recorded."""
+AFTER_STEP_STARTED = "after_step_started"
+"""STEP_STARTED is committed; control has not left durabl, so the tool or model did not run."""
+AFTER_TOOL_DISPATCHED = "after_tool_dispatched"
+"""TOOL_DISPATCHED is committed: from here until the completion commits, a crash is ambiguous."""
+AFTER_TOOL_RETURNED = "after_tool_returned"
+"""The tool returned (or raised); its outcome is not recorded. The ambiguous window."""
+AFTER_MODEL_RETURNED = "after_model_returned"
+"""The model answered; the answer is not recorded, so it will be asked again (tokens re-spent)."""
+AFTER_STEP_COMMITTED = "after_step_committed"
+"""The side_effects row and STEP_COMPLETED are committed together: replay serves this step."""
+AFTER_RETRY_SCHEDULED = "after_retry_scheduled"
+"""A failed attempt and its backoff timer are committed; the next attempt has not begun."""
+BEFORE_CTX_RECORDED = "before_ctx_recorded"
+"""A ctx.now()/random()/uuid() value was drawn but not recorded; a restart draws a new one."""
+AFTER_TIMER_ARMED = "after_timer_armed"
+"""The Sleep's deadline is committed; the timer has not fired."""
+BEFORE_TIMER_FIRED = "before_timer_fired"
+"""The timer is due and still armed; TIMER_FIRED is not recorded."""
+AFTER_TIMER_FIRED = "after_timer_fired"
+"""TIMER_FIRED and the disarm are committed together."""
+DURING_REPLAY = "during_replay"
+"""A step was just served from the log; replay writes nothing, so nothing changed."""
+BEFORE_RUN_COMPLETED = "before_run_completed"
+"""The workflow returned; RUN_COMPLETED is not recorded, so the run replays to here again."""
+AFTER_DEAD_LETTERED = "after_dead_lettered"
+"""DEAD_LETTERED and the run's status are committed together."""
+
+ALL = (
+    AFTER_RUN_STARTED,
+    BEFORE_STEP_STARTED,
+    AFTER_STEP_STARTED,
+    AFTER_TOOL_DISPATCHED,
+    AFTER_TOOL_RETURNED,
+    AFTER_MODEL_RETURNED,
+    AFTER_STEP_COMMITTED,
+    AFTER_RETRY_SCHEDULED,
+    BEFORE_CTX_RECORDED,
+    AFTER_TIMER_ARMED,
+    BEFORE_TIMER_FIRED,
+    AFTER_TIMER_FIRED,
+    DURING_REPLAY,
+    BEFORE_RUN_COMPLETED,
+    AFTER_DEAD_LETTERED,
+)
+
+_hooks: list[Callable[[str], None]] = []
+
+
+class ProcessDeath(BaseException):
+    """A simulated process death at a named crash point. Nothing in durabl catches it."""
+
+    def __init__(self, point: str) -> None:
+        super().__init__(f"process died at crash point {point!r}")
+        self.point = point
+
+
+def reach(point: str) -> None:
+    """Called by the runtime at each named point. Free when no hook is installed."""
+    if _hooks:
+        for hook in list(_hooks):
+            hook(point)
+
+
+def install(hook: Callable[[str], None]) -> Callable[[], None]:
+    """Install a hook; returns a function that removes it."""
+    _hooks.append(hook)
+    return lambda: _hooks.remove(hook) if hook in _hooks else None
+
+
+class CrashAt:
+    """A hook that raises ``ProcessDeath`` the ``occurrence``-th time ``point`` is reached."""
+
+    def __init__(self, point: str, occurrence: int = 1) -> None:
+        if point not in ALL:
+            raise ValueError(f"unknown crash point {point!r}; known: {', '.join(ALL)}")
+        self.point = point
+        self.occurrence = occurrence
+        self.seen = 0
+        self.fired = False
+
+    def __call__(self, point: str) -> None:
+        if point == self.point and not self.fired:
+            self.seen += 1
+            if self.seen == self.occurrence:
+                self.fired = True
+                raise ProcessDeath(point)
+
+    def __enter__(self) -> CrashAt:
+        self._remove = install(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._remove()

@@ -1,0 +1,244 @@
+"""The pure replay core: fold a log into per-step records, and decide what to do with a step.
+
+Nothing here touches a database, a clock or the outside world. ``History.apply`` folds one event;
+``decide`` answers, for the step a workflow just yielded at a position, one of:
+
+- SERVE: recorded and done, hand back the recorded result (zero I/O);
+- THROW: recorded as failed for good, throw the recorded failure into the workflow;
+- EXECUTE: the log ends here, run the step for real;
+- RESTART: an attempt began but control never left durabl (or it is a model call), run it again;
+- AMBIGUOUS: a tool was dispatched and no outcome was recorded: the tool mode decides;
+- WAIT: a timer (Sleep or retry backoff) is armed, due at ``record.wake_at_s``;
+- DEAD: dead-lettered and not yet redriven or resolved;
+
+or raise ``NonDeterminismError`` when the log recorded a different step at this position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from durabl import codec, events
+from durabl.errors import NonDeterminismError
+from durabl.events import Event
+from durabl.steps import CtxValue, Step, describe_canonical
+
+SERVE = "SERVE"
+THROW = "THROW"
+EXECUTE = "EXECUTE"
+RESTART = "RESTART"
+AMBIGUOUS = "AMBIGUOUS"
+WAIT = "WAIT"
+DEAD = "DEAD"
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """Everything the log says about one step position."""
+
+    position: int
+    fp: str
+    first_seq: int
+    canonical: str | None = None
+    attempts: int = 0
+    dispatched: bool = False
+    done: bool = False
+    result_text: str | None = None
+    failure: dict[str, Any] | None = None
+    wake_at_s: float | None = None
+    retries: int = 0
+    dead: bool = False
+    last_seq: int = 0
+    done_seq: int = 0
+
+
+@dataclass(slots=True)
+class History:
+    """The fold of a run's log. ``apply`` is the only way it changes."""
+
+    run_id: str
+    steps: dict[int, StepRecord] = field(default_factory=dict)
+    last_seq: int = 0
+    workflow: str | None = None
+    input_text: str | None = None
+    terminal: str | None = None
+    terminal_data: str | None = None
+    resumed_at: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_events(cls, run_id: str, log: Iterable[Event], *, watermark: int = 0) -> History:
+        history = cls(run_id, last_seq=watermark)
+        for event in log:
+            history.apply(event)
+        return history
+
+    def apply(self, event: Event) -> None:
+        handler = _HANDLERS[event.kind]
+        handler(self, event)
+        self.last_seq = event.seq
+
+    def record(self, event: Event) -> StepRecord:
+        rec = self.steps.get(event.step)
+        if rec is None:
+            rec = StepRecord(event.step, event.fp or "", event.seq)
+            self.steps[event.step] = rec
+        rec.last_seq = event.seq
+        return rec
+
+    @property
+    def last_position(self) -> int:
+        return max(self.steps, default=0)
+
+    def completed_positions(self) -> int:
+        return sum(1 for rec in self.steps.values() if rec.done)
+
+
+def _run_started(h: History, e: Event) -> None:
+    data = codec.decode(e.data or "{}")
+    h.workflow = data["workflow"]
+    h.input_text = codec.encode(data["input"])
+
+
+def _run_resumed(h: History, e: Event) -> None:
+    h.resumed_at.append(e.seq)
+
+
+def _step_started(h: History, e: Event) -> None:
+    rec = h.record(e)
+    if rec.canonical is None:
+        rec.canonical = e.data
+    rec.attempts += 1
+    rec.dispatched = False
+    rec.wake_at_s = None
+
+
+def _tool_dispatched(h: History, e: Event) -> None:
+    h.record(e).dispatched = True
+
+
+def _finish(rec: StepRecord, e: Event) -> None:
+    rec.done = True
+    rec.done_seq = e.seq
+    rec.wake_at_s = None
+    rec.dead = False
+
+
+def _step_completed(h: History, e: Event) -> None:
+    rec = h.record(e)
+    rec.result_text = e.data
+    _finish(rec, e)
+
+
+def _step_failed(h: History, e: Event) -> None:
+    rec = h.record(e)
+    rec.failure = codec.decode(e.data or "{}")
+    _finish(rec, e)
+
+
+def _step_retry(h: History, e: Event) -> None:
+    rec = h.record(e)
+    rec.retries += 1
+    rec.dispatched = False
+    rec.wake_at_s = codec.decode(e.data or "{}")["retry_at_s"]
+
+
+def _timer_armed(h: History, e: Event) -> None:
+    h.record(e).wake_at_s = codec.decode(e.data or "{}")["fire_at_s"]
+
+
+def _timer_fired(h: History, e: Event) -> None:
+    rec = h.record(e)
+    rec.result_text = "null"
+    _finish(rec, e)
+
+
+def _ctx_recorded(h: History, e: Event) -> None:
+    rec = h.record(e)
+    rec.result_text = e.data
+    _finish(rec, e)
+
+
+def _dead_lettered(h: History, e: Event) -> None:
+    h.record(e).dead = True
+
+
+def _dlq_redriven(h: History, e: Event) -> None:
+    rec = h.record(e)
+    rec.dead = False
+    rec.dispatched = False
+
+
+def _dlq_resolved(h: History, e: Event) -> None:
+    h.record(e).dead = False
+
+
+def _terminal(h: History, e: Event) -> None:
+    h.terminal = e.kind
+    h.terminal_data = e.data
+
+
+_HANDLERS = {
+    events.RUN_STARTED: _run_started,
+    events.RUN_RESUMED: _run_resumed,
+    events.STEP_STARTED: _step_started,
+    events.TOOL_DISPATCHED: _tool_dispatched,
+    events.STEP_COMPLETED: _step_completed,
+    events.STEP_FAILED: _step_failed,
+    events.STEP_RETRY: _step_retry,
+    events.TIMER_ARMED: _timer_armed,
+    events.TIMER_FIRED: _timer_fired,
+    events.CTX_RECORDED: _ctx_recorded,
+    events.DEAD_LETTERED: _dead_lettered,
+    events.DLQ_REDRIVEN: _dlq_redriven,
+    events.DLQ_RESOLVED: _dlq_resolved,
+    events.RUN_COMPLETED: _terminal,
+    events.RUN_FAILED: _terminal,
+    events.RUN_CANCELLED: _terminal,
+}
+
+
+def decide(history: History, position: int, step: Step) -> tuple[str, StepRecord | None]:
+    """What to do with ``step``, yielded at ``position``, given the log folded into ``history``."""
+    rec = history.steps.get(position)
+    if rec is None:
+        if history.terminal is not None:
+            raise mismatch(history, position, "the end of the workflow", step.describe())
+        return EXECUTE, None
+    if rec.fp != step.fingerprint:
+        raise mismatch(history, position, _recorded(rec), step.describe())
+    if rec.done:
+        return (THROW if rec.failure is not None else SERVE), rec
+    if rec.dead:
+        return DEAD, rec
+    if rec.wake_at_s is not None:
+        return WAIT, rec
+    if rec.dispatched:
+        return AMBIGUOUS, rec
+    return RESTART, rec
+
+
+def check_end(history: History, position: int) -> None:
+    """The workflow returned after ``position`` steps: the log must not hold more."""
+    extra = [p for p in history.steps if p > position]
+    if extra:
+        first = history.steps[min(extra)]
+        raise mismatch(history, first.position, _recorded(first), "the end of the workflow")
+
+
+def mismatch(history: History, position: int, expected: str, actual: str) -> NonDeterminismError:
+    rec = history.steps.get(position)
+    seq = rec.first_seq if rec is not None else history.last_seq + 1
+    return NonDeterminismError(history.run_id, seq, position, expected, actual)
+
+
+_CTX_BY_FP = {CtxValue(what).fingerprint: f"ctx.{what}()" for what in ("now", "random", "uuid")}
+
+
+def _recorded(rec: StepRecord) -> str:
+    if rec.fp in _CTX_BY_FP:
+        return _CTX_BY_FP[rec.fp]
+    if rec.canonical is None:
+        return f"a step with fingerprint {rec.fp}"
+    return describe_canonical(rec.canonical)

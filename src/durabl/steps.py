@@ -1,0 +1,171 @@
+"""What a workflow yields: ModelCall, ToolCall and Sleep, and their fingerprints.
+
+A step is a description of work, never the work itself. Each step has a canonical text (the JSON
+of its type and arguments) and a fingerprint of that text; replay compares fingerprints to tell
+"the same step as last time" from "the workflow drifted".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, ClassVar
+
+from durabl import codec
+
+MAX_SLEEP_S = 100 * 365 * 86400.0
+"""Longest accepted Sleep: a century. Anything longer is a unit mistake, not a plan."""
+
+
+class Step:
+    """Base class of everything a workflow may yield."""
+
+    __slots__ = ("_fp", "canonical")
+    kind: ClassVar[str] = ""
+    canonical: str
+    _fp: str
+
+    @property
+    def fingerprint(self) -> str:
+        try:
+            return self._fp
+        except AttributeError:
+            self._fp = codec.fingerprint(self.canonical)
+            return self._fp
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return self.describe()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Step) and other.canonical == self.canonical
+
+    def __hash__(self) -> int:
+        return hash(self.canonical)
+
+
+def _short(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class ModelCall(Step):
+    """Ask the runtime's model: ``llm(prompt, **params)``. Re-executed after an ambiguous crash."""
+
+    __slots__ = ("params", "params_text", "prompt", "prompt_text")
+    kind = "model"
+
+    def __init__(self, prompt: Any, **params: Any) -> None:
+        self.prompt_text, self.prompt = codec.round_trip(prompt, what="ModelCall prompt")
+        self.params_text, self.params = codec.round_trip(params, what="ModelCall params")
+        self.canonical = f'["model",{self.prompt_text},{self.params_text}]'
+
+    def describe(self) -> str:
+        shown = self.prompt if isinstance(self.prompt, str) else self.prompt_text
+        return f"ModelCall({_short(repr(shown))})"
+
+
+class ToolCall(Step):
+    """Call the registered tool ``name`` with ``args`` as keyword arguments."""
+
+    __slots__ = ("args", "args_text", "idempotency_key", "name")
+    kind = "tool"
+
+    def __init__(
+        self,
+        name: str,
+        args: dict[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"ToolCall name must be a non-empty string, got {name!r}")
+        if args is None:
+            args = {}
+        if not isinstance(args, dict):
+            raise TypeError(
+                f"ToolCall({name!r}) args must be a dict of keyword arguments, "
+                f"got {type(args).__name__}"
+            )
+        if idempotency_key is not None and (
+            not isinstance(idempotency_key, str) or not idempotency_key
+        ):
+            raise TypeError(
+                f"ToolCall({name!r}) idempotency_key must be a non-empty string, "
+                f"got {idempotency_key!r}"
+            )
+        self.name = name
+        self.args_text, self.args = codec.round_trip(args, what=f"ToolCall({name!r}) args")
+        self.idempotency_key = idempotency_key
+        self.canonical = (
+            f'["tool",{json.dumps(name)},{self.args_text},{json.dumps(idempotency_key)}]'
+        )
+
+    def describe(self) -> str:
+        return f"ToolCall({self.name!r}, {_short(self.args_text)})"
+
+
+class Sleep(Step):
+    """A durable timer: the deadline is recorded when armed and survives restarts."""
+
+    __slots__ = ("seconds",)
+    kind = "sleep"
+
+    def __init__(
+        self,
+        seconds: float = 0.0,
+        *,
+        minutes: float = 0.0,
+        hours: float = 0.0,
+        days: float = 0.0,
+    ) -> None:
+        parts = {"seconds": seconds, "minutes": minutes, "hours": hours, "days": days}
+        for label, value in parts.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"Sleep {label} must be a number, got {value!r}")
+        total = float(seconds) + minutes * 60.0 + hours * 3600.0 + days * 86400.0
+        if math.isnan(total) or total < 0:
+            raise ValueError(f"Sleep duration must be zero or more seconds, got {total!r}")
+        if total > MAX_SLEEP_S:
+            raise ValueError(
+                f"Sleep duration of {total!r} s is longer than a century; check the unit"
+            )
+        self.seconds = total
+        self.canonical = f'["sleep",{json.dumps(total)}]'
+
+    def describe(self) -> str:
+        return f"Sleep({self.seconds:g} s)"
+
+
+class CtxValue(Step):
+    """A non-deterministic value read through ctx (now, random, uuid), recorded once."""
+
+    __slots__ = ("what",)
+    kind = "ctx"
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.canonical = f'["ctx","{what}"]'
+
+    def describe(self) -> str:
+        return f"ctx.{self.what}()"
+
+
+def describe_canonical(canonical: str) -> str:
+    """Rebuild a readable description from a recorded canonical text (for errors and the CLI)."""
+    try:
+        parsed = json.loads(canonical)
+        kind = parsed[0]
+        if kind == "tool":
+            return f"ToolCall({parsed[1]!r}, {_short(codec.encode(parsed[2]))})"
+        if kind == "model":
+            shown = parsed[1] if isinstance(parsed[1], str) else codec.encode(parsed[1])
+            return f"ModelCall({_short(repr(shown))})"
+        if kind == "sleep":
+            return f"Sleep({parsed[1]:g} s)"
+        if kind == "ctx":
+            return f"ctx.{parsed[1]}()"
+    except (ValueError, IndexError, TypeError, KeyError):
+        pass
+    return canonical

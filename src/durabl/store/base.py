@@ -1,0 +1,129 @@
+"""The ``Store`` protocol: everything the runtime asks of a database, and nothing more.
+
+The runtime never issues SQL. Each method's docstring states what it does atomically. A backend
+(SQLite today, PostgreSQL later) passes the contract suite in ``tests/contract`` unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from durabl.events import Event
+
+UNCHANGED: float = float("-inf")
+"""Sentinel for ``Commit.wake_at_s``: leave the run's timer as it is."""
+
+
+@dataclass(slots=True, frozen=True)
+class RunRow:
+    """One run's row: its identity and the state the runtime keeps beside the log."""
+
+    run_id: str
+    workflow: str
+    input_text: str
+    status: str
+    result_text: str | None
+    error: str | None
+    created_s: float
+    updated_s: float
+    wake_at_s: float | None
+    watermark: int
+
+
+@dataclass(slots=True, frozen=True)
+class SideEffect:
+    """The one record an idempotency key may ever have: the effect happened, with this outcome."""
+
+    key: str
+    run_id: str
+    step: int
+    tool: str
+    args_fp: str
+    result_text: str | None
+    error: str | None
+    at_s: float
+
+
+@dataclass(slots=True, frozen=True)
+class KeyClaim:
+    """An explicit idempotency key whose tool call was dispatched and has no outcome yet."""
+
+    key: str
+    run_id: str
+    step: int
+    tool: str
+    args_fp: str
+
+
+@dataclass(slots=True)
+class Commit:
+    """Everything one transaction writes for one run. All of it lands, or none of it."""
+
+    run_id: str
+    events: list[Event] = field(default_factory=list)
+    status: str | None = None
+    result_text: str | None = None
+    error: str | None = None
+    clear_error: bool = False
+    wake_at_s: float | None = UNCHANGED
+    side_effect: SideEffect | None = None
+    claim: KeyClaim | None = None
+    release_claim: str | None = None
+    durable: bool = False
+    at_s: float = 0.0
+
+
+class Store(Protocol):
+    """What durabl needs from a database."""
+
+    path: str
+    durability: str
+
+    def create_run(self, row: RunRow, first: Event) -> RunRow | None:
+        """Insert the run row and its RUN_STARTED event in one transaction, durably.
+
+        Returns None when created; when a run with this id already exists, changes nothing and
+        returns the existing row.
+        """
+
+    def get_run(self, run_id: str) -> RunRow | None:
+        """The run's row, or None."""
+
+    def list_runs(
+        self,
+        statuses: tuple[str, ...] | None = None,
+        workflow: str | None = None,
+        limit: int | None = None,
+    ) -> list[RunRow]:
+        """Runs, newest first, optionally filtered. A consistent snapshot."""
+
+    def load_log(self, run_id: str, after_seq: int = 0) -> list[Event]:
+        """The run's events with seq > after_seq, in order; every checksum verified.
+
+        A row whose checksum does not match raises ``StorageError``; damaged history is never
+        handed back.
+        """
+
+    def commit(self, commit: Commit) -> None:
+        """Apply ``commit`` in ONE transaction: append its events (seq must continue the log
+        with no gap, enforced by the database), update the run row, insert the side_effects row
+        (refusing to overwrite an existing key), set or release the key claim, and set the timer.
+        With ``durable`` and durability "full", the commit is on stable storage when this
+        returns.
+        """
+
+    def side_effect(self, key: str) -> SideEffect | None:
+        """The recorded side effect for an idempotency key, or None."""
+
+    def key_claim(self, key: str) -> KeyClaim | None:
+        """The open dispatch claim on an explicit idempotency key, or None."""
+
+    def due_runs(self, now_s: float) -> list[str]:
+        """Ids of runs whose timer is due at ``now_s`` (wake_at_s <= now_s), earliest first."""
+
+    def next_wake_s(self) -> float | None:
+        """The earliest armed timer over all runs, or None."""
+
+    def close(self) -> None:
+        """Release the database. Idempotent."""

@@ -1,0 +1,64 @@
+-- Every statement the SQLite store issues, by name. Store methods refer to them by name only.
+
+-- name: insert_run
+INSERT INTO runs (run_id, workflow, input, status, result, error, created_s, updated_s,
+                  wake_at_s, watermark)
+VALUES (?, ?, ?, ?, NULL, NULL, ?, ?, NULL, 0);
+
+-- name: get_run
+SELECT run_id, workflow, input, status, result, error, created_s, updated_s, wake_at_s, watermark
+FROM runs WHERE run_id = ?;
+
+-- name: list_runs
+SELECT run_id, workflow, input, status, result, error, created_s, updated_s, wake_at_s, watermark
+FROM runs
+WHERE (?1 IS NULL OR status IN (SELECT value FROM json_each(?1)))
+  AND (?2 IS NULL OR workflow = ?2)
+ORDER BY created_s DESC, run_id DESC
+LIMIT ?3;
+
+-- name: insert_event
+INSERT INTO events (run_id, seq, kind, step, fp, data, at_s, crc) VALUES (?, ?, ?, ?, ?, ?, ?, ?);
+
+-- name: load_log
+SELECT seq, kind, step, fp, data, at_s, crc FROM events
+WHERE run_id = ? AND seq > ? ORDER BY seq;
+
+-- name: update_run
+UPDATE runs SET
+    status    = COALESCE(?2, status),
+    result    = COALESCE(?3, result),
+    error     = CASE WHEN ?4 IS NOT NULL THEN ?4 WHEN ?5 THEN NULL ELSE error END,
+    wake_at_s = CASE WHEN ?6 THEN ?7 ELSE wake_at_s END,
+    updated_s = ?8
+WHERE run_id = ?1;
+
+-- name: insert_side_effect
+INSERT INTO side_effects (idempotency_key, run_id, step, tool, args_fp, result, error, at_s)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?);
+
+-- name: get_side_effect
+SELECT idempotency_key, run_id, step, tool, args_fp, result, error, at_s
+FROM side_effects WHERE idempotency_key = ?;
+
+-- name: upsert_claim
+INSERT INTO key_claims (idempotency_key, run_id, step, tool, args_fp, at_s)
+VALUES (?, ?, ?, ?, ?, ?)
+ON CONFLICT (idempotency_key) DO UPDATE SET
+    run_id = excluded.run_id, step = excluded.step, tool = excluded.tool,
+    args_fp = excluded.args_fp, at_s = excluded.at_s;
+
+-- name: delete_claim
+DELETE FROM key_claims WHERE idempotency_key = ?;
+
+-- name: get_claim
+SELECT idempotency_key, run_id, step, tool, args_fp FROM key_claims WHERE idempotency_key = ?;
+
+-- name: due_runs
+SELECT run_id FROM runs WHERE wake_at_s IS NOT NULL AND wake_at_s <= ? ORDER BY wake_at_s;
+
+-- name: next_wake
+SELECT MIN(wake_at_s) FROM runs WHERE wake_at_s IS NOT NULL;
+
+-- name: count_tables
+SELECT COUNT(*) FROM sqlite_master WHERE type = 'table';

@@ -1,0 +1,374 @@
+"""The SQLite store: one file, WAL mode, the log's invariants enforced by triggers.
+
+Durability: every commit runs with ``synchronous=NORMAL`` (survives the death of the process:
+the commit is in the WAL, which the OS holds) except commits marked ``durable`` under
+``durability="full"``, which run with ``synchronous=FULL`` and so fsync the WAL before returning.
+Because the WAL is one append-only file, that fsync also makes every earlier commit durable, so
+the runtime pays one fsync per completed step and nothing for the bookkeeping before it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import sqlite3
+import threading
+from collections.abc import Iterator
+from importlib import resources
+from typing import Any
+
+from durabl import codec
+from durabl.errors import SchemaVersionError, StorageError
+from durabl.events import Event
+from durabl.store.base import UNCHANGED, Commit, KeyClaim, RunRow, SideEffect
+
+APPLICATION_ID = 0x64726231  # "drb1": marks a file as a durabl database
+SQLITE_MAGIC = b"SQLite format 3\x00"
+BUSY_TIMEOUT_MS = 30_000
+DURABILITY_MODES = ("full", "process")
+
+
+def _load_queries() -> dict[str, str]:
+    text = resources.files("durabl.store").joinpath("sql/sqlite_queries.sql").read_text()
+    queries: dict[str, str] = {}
+    for block in re.split(r"^-- name: ", text, flags=re.M)[1:]:
+        name, _, body = block.partition("\n")
+        queries[name.strip()] = body.strip()
+    return queries
+
+
+def _load_migrations() -> list[tuple[int, str]]:
+    folder = resources.files("durabl.store").joinpath("sql")
+    found = []
+    for entry in folder.iterdir():
+        match = re.fullmatch(r"sqlite_(\d{4})_\w+\.sql", entry.name)
+        if match:
+            found.append((int(match.group(1)), entry.read_text()))
+    return sorted(found)
+
+
+Q = _load_queries()
+MIGRATIONS = _load_migrations()
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+
+def _run_row(row: tuple[Any, ...]) -> RunRow:
+    return RunRow(*row)
+
+
+class SQLiteStore:
+    """A durabl database in one SQLite file. Thread-safe; one connection per store."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        durability: str = "full",
+        read_only: bool = False,
+    ) -> None:
+        if durability not in DURABILITY_MODES:
+            raise ValueError(
+                f"durability must be one of {', '.join(map(repr, DURABILITY_MODES))}, "
+                f"got {durability!r}"
+            )
+        self.path = os.fspath(path)
+        self.durability = durability
+        self.read_only = read_only
+        self._lock = threading.RLock()
+        self._sync_full = False
+        self._closed = False
+        _check_file(self.path, read_only=read_only)
+        self._conn = self._connect()
+
+    # -- opening ---------------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            if self.read_only:
+                uri = f"file:{self.path}?mode=ro"
+                conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+                conn.execute("PRAGMA query_only = ON")
+            else:
+                conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            if not self.read_only:
+                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                if mode.lower() != "wal":
+                    raise StorageError(f"{self.path}: cannot switch the database to WAL mode")
+                conn.execute("PRAGMA synchronous = NORMAL")
+            self._check_identity(conn)
+            if not self.read_only:
+                self._migrate(conn)
+            return conn
+        except sqlite3.Error as exc:
+            raise _storage_error(self.path, exc) from None
+
+    def _check_identity(self, conn: sqlite3.Connection) -> None:
+        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        tables = conn.execute(Q["count_tables"]).fetchone()[0]
+        if app_id != APPLICATION_ID and (tables or version):
+            raise StorageError(
+                f"{self.path} is a SQLite database but not a durabl database; refusing to touch it"
+            )
+        if version > SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"{self.path} has durabl schema v{version}, written by a newer durabl; this "
+                f"version understands up to v{SCHEMA_VERSION}. Upgrade durabl to open it."
+            )
+        if self.read_only and app_id != APPLICATION_ID:
+            raise StorageError(f"{self.path} is not an initialised durabl database")
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            for number, script in MIGRATIONS:
+                if number > version:
+                    for statement in _split_script(script):
+                        conn.execute(statement)
+                    conn.execute(f"PRAGMA user_version = {number}")
+            conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    # -- the write helper ------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _write(self, durable: bool) -> Iterator[sqlite3.Connection]:
+        """One IMMEDIATE transaction; rolled back on any BaseException, a simulated death too."""
+        with self._lock:
+            conn = self._live()
+            want_full = durable and self.durability == "full"
+            try:
+                if want_full != self._sync_full:
+                    conn.execute(
+                        "PRAGMA synchronous = FULL" if want_full else "PRAGMA synchronous = NORMAL"
+                    )
+                    self._sync_full = want_full
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise _storage_error(self.path, exc) from None
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise _storage_error(self.path, exc) from None
+                raise
+
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            conn = self._live()
+            try:
+                yield conn
+            except sqlite3.Error as exc:
+                raise _storage_error(self.path, exc) from None
+
+    def _live(self) -> sqlite3.Connection:
+        if self._closed:
+            raise StorageError(f"{self.path}: the store is closed")
+        return self._conn
+
+    # -- the Store interface ---------------------------------------------------------------
+
+    def create_run(self, row: RunRow, first: Event) -> RunRow | None:
+        with self._write(durable=True) as conn:
+            existing = conn.execute(Q["get_run"], (row.run_id,)).fetchone()
+            if existing is not None:
+                return _run_row(existing)
+            conn.execute(
+                Q["insert_run"],
+                (
+                    row.run_id,
+                    row.workflow,
+                    row.input_text,
+                    row.status,
+                    row.created_s,
+                    row.updated_s,
+                ),
+            )
+            self._insert_event(conn, row.run_id, first)
+        return None
+
+    def get_run(self, run_id: str) -> RunRow | None:
+        with self._read() as conn:
+            found = conn.execute(Q["get_run"], (run_id,)).fetchone()
+        return None if found is None else _run_row(found)
+
+    def list_runs(
+        self,
+        statuses: tuple[str, ...] | None = None,
+        workflow: str | None = None,
+        limit: int | None = None,
+    ) -> list[RunRow]:
+        wanted = None if statuses is None else json.dumps(list(statuses))
+        with self._read() as conn:
+            rows = conn.execute(Q["list_runs"], (wanted, workflow, -1 if limit is None else limit))
+            return [_run_row(r) for r in rows.fetchall()]
+
+    def load_log(self, run_id: str, after_seq: int = 0) -> list[Event]:
+        with self._read() as conn:
+            rows = conn.execute(Q["load_log"], (run_id, after_seq)).fetchall()
+        log = []
+        for seq, kind, step, fp, data, at_s, crc in rows:
+            if codec.checksum(seq, kind, step, fp, data, at_s) != crc:
+                raise StorageError(
+                    f"{self.path}: event seq {seq} of run {run_id} fails its checksum; the log is "
+                    f"damaged and will not be replayed. Run 'durabl doctor' and restore from a "
+                    f"backup."
+                )
+            log.append(Event(seq, kind, step, fp, data, at_s))
+        return log
+
+    def commit(self, commit: Commit) -> None:
+        with self._write(commit.durable) as conn:
+            for event in commit.events:
+                self._insert_event(conn, commit.run_id, event)
+            if commit.side_effect is not None:
+                self._insert_side_effect(conn, commit.side_effect)
+            if commit.claim is not None:
+                c = commit.claim
+                conn.execute(
+                    Q["upsert_claim"], (c.key, c.run_id, c.step, c.tool, c.args_fp, commit.at_s)
+                )
+            if commit.release_claim is not None:
+                conn.execute(Q["delete_claim"], (commit.release_claim,))
+            set_wake = commit.wake_at_s != UNCHANGED
+            conn.execute(
+                Q["update_run"],
+                (
+                    commit.run_id,
+                    commit.status,
+                    commit.result_text,
+                    commit.error,
+                    commit.clear_error,
+                    set_wake,
+                    commit.wake_at_s if set_wake else None,
+                    commit.at_s,
+                ),
+            )
+
+    def side_effect(self, key: str) -> SideEffect | None:
+        with self._read() as conn:
+            found = conn.execute(Q["get_side_effect"], (key,)).fetchone()
+        return None if found is None else SideEffect(*found)
+
+    def key_claim(self, key: str) -> KeyClaim | None:
+        with self._read() as conn:
+            found = conn.execute(Q["get_claim"], (key,)).fetchone()
+        return None if found is None else KeyClaim(*found)
+
+    def due_runs(self, now_s: float) -> list[str]:
+        with self._read() as conn:
+            return [r[0] for r in conn.execute(Q["due_runs"], (now_s,)).fetchall()]
+
+    def next_wake_s(self) -> float | None:
+        with self._read() as conn:
+            value = conn.execute(Q["next_wake"]).fetchone()[0]
+        return None if value is None else float(value)
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._conn.close()
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _insert_event(conn: sqlite3.Connection, run_id: str, e: Event) -> None:
+        crc = codec.checksum(e.seq, e.kind, e.step, e.fp, e.data, e.at_s)
+        conn.execute(Q["insert_event"], (run_id, e.seq, e.kind, e.step, e.fp, e.data, e.at_s, crc))
+
+    @staticmethod
+    def _insert_side_effect(conn: sqlite3.Connection, s: SideEffect) -> None:
+        try:
+            conn.execute(
+                Q["insert_side_effect"],
+                (s.key, s.run_id, s.step, s.tool, s.args_fp, s.result_text, s.error, s.at_s),
+            )
+        except sqlite3.IntegrityError:
+            raise StorageError(
+                f"refusing to record a second side effect for idempotency key {s.key!r} "
+                f"(run {s.run_id}, step {s.step}): one key, one effect, ever"
+            ) from None
+
+
+def _split_script(script: str) -> list[str]:
+    """Split a migration into statements; trigger bodies keep their inner semicolons."""
+    statements, current = [], []
+    depth = 0
+    for line in script.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("--"):
+            continue
+        current.append(line)
+        upper = stripped.upper()
+        if upper.startswith("BEGIN") or upper.endswith(" BEGIN"):
+            depth += 1
+        if upper.startswith("END;"):
+            depth -= 1
+        if stripped.endswith(";") and depth == 0:
+            statements.append("\n".join(current))
+            current = []
+    if current:
+        statements.append("\n".join(current))
+    return statements
+
+
+def _check_file(path: str, *, read_only: bool) -> None:
+    """Refuse foreign, truncated or newer files before SQLite gets a chance to touch them."""
+    if os.path.isdir(path):
+        raise StorageError(f"{path} is a directory, not a durabl database file")
+    if not os.path.exists(path):
+        if read_only:
+            raise StorageError(f"{path} does not exist")
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):
+            raise StorageError(f"cannot create {path}: directory {parent} does not exist")
+        return
+    size = os.path.getsize(path)
+    if size == 0:
+        if read_only:
+            raise StorageError(f"{path} is empty, not a durabl database")
+        return
+    with open(path, "rb") as handle:
+        header = handle.read(100)
+    if len(header) < 100 or not header.startswith(SQLITE_MAGIC):
+        raise StorageError(f"{path} is not a durabl database (not a SQLite file)")
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    change_counter = int.from_bytes(header[24:28], "big")
+    pages = int.from_bytes(header[28:32], "big")
+    valid_for = int.from_bytes(header[92:96], "big")
+    if valid_for == change_counter and pages and size < pages * page_size:
+        raise StorageError(
+            f"{path} is truncated: its header promises {pages * page_size} bytes, the file has "
+            f"{size}. Restore it from a backup; durabl will not guess at missing history."
+        )
+
+
+def _storage_error(path: str, exc: sqlite3.Error) -> StorageError:
+    text = str(exc)
+    lowered = text.lower()
+    if "readonly" in lowered or "read-only" in lowered:
+        why = "the database or its directory is read-only"
+    elif "disk is full" in lowered or "database or disk is full" in lowered:
+        why = "the disk is full; nothing of this write was kept"
+    elif "malformed" in lowered or "not a database" in lowered or "corrupt" in lowered:
+        why = "the file is corrupt; run 'durabl doctor' and restore from a backup"
+    elif "unable to open" in lowered:
+        why = "the file cannot be opened (check the path and permissions)"
+    elif "durabl:" in lowered:
+        why = text[text.index("durabl:") + len("durabl:") :].strip()
+    else:
+        why = text
+    return StorageError(f"{path}: {why} ({text})" if why != text else f"{path}: {text}")

@@ -1,0 +1,119 @@
+"""``@workflow``: the registry of workflows and how a run's input binds to parameters."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Generator, Iterable
+from typing import Any
+
+from durabl.errors import UnknownWorkflowError
+
+_REGISTRY: dict[str, Workflow] = {}
+
+
+class Workflow:
+    """A generator function registered under a stable name (the name is what the log records)."""
+
+    def __init__(self, fn: Callable[..., Generator[Any, Any, Any]], name: str) -> None:
+        if not inspect.isgeneratorfunction(fn):
+            raise TypeError(
+                f"@workflow {name!r} must be a generator function: it yields steps "
+                f"(ModelCall, ToolCall, Sleep) and returns its result"
+            )
+        params = list(inspect.signature(fn).parameters.values())
+        if not params or params[0].kind not in (
+            inspect.Parameter.POSITIONAL_ONLY,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        ):
+            raise TypeError(f"@workflow {name!r} must take ctx as its first positional parameter")
+        self.fn = fn
+        self.name = name
+        self._params = params[1:]
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    def __call__(self, ctx: Any, *args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
+        return self.fn(ctx, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<workflow {self.name}>"
+
+    @property
+    def takes_input_keys(self) -> bool:
+        return bool(self._params)
+
+    def bind(self, run_input: Any) -> dict[str, Any]:
+        """Keyword arguments for the parameters after ctx, taken from the input dict by name.
+
+        Keys that match no parameter stay available as ``ctx.input``. Raises TypeError naming a
+        missing key.
+        """
+        if not self._params:
+            return {}
+        if run_input is None:
+            run_input = {}
+        if not isinstance(run_input, dict):
+            raise TypeError(
+                f"workflow {self.name!r} takes parameters, so its input must be a dict of them, "
+                f"got {type(run_input).__name__}"
+            )
+        kwargs: dict[str, Any] = {}
+        for param in self._params:
+            if param.kind is inspect.Parameter.VAR_KEYWORD:
+                taken = {p.name for p in self._params}
+                kwargs.update({k: v for k, v in run_input.items() if k not in taken})
+            elif param.kind is inspect.Parameter.VAR_POSITIONAL:
+                continue
+            elif param.name in run_input:
+                kwargs[param.name] = run_input[param.name]
+            elif param.default is inspect.Parameter.empty:
+                raise TypeError(
+                    f"workflow {self.name!r} needs input key {param.name!r}; "
+                    f"the input has {sorted(run_input) or 'no keys'}"
+                )
+        return kwargs
+
+
+def workflow(fn: Callable[..., Any] | None = None, *, name: str | None = None) -> Any:
+    """Register a generator function as a workflow: ``@workflow`` or ``@workflow(name="...")``."""
+
+    def register(target: Callable[..., Any]) -> Workflow:
+        wf = Workflow(target, name or target.__name__)
+        _REGISTRY[wf.name] = wf
+        return wf
+
+    return register if fn is None else register(fn)
+
+
+def build_registry(extra: Iterable[Any] | dict[str, Any] | None) -> dict[str, Workflow]:
+    """The workflows a runtime knows: ``workflows=`` first, then everything ``@workflow`` saw."""
+    found: dict[str, Workflow] = {}
+    items = extra.items() if isinstance(extra, dict) else ((None, wf) for wf in extra or ())
+    for key, value in items:
+        if isinstance(value, Workflow):
+            wf = value
+        elif callable(value):
+            wf = Workflow(value, key or value.__name__)
+        else:
+            raise TypeError(f"workflows must be generator functions, got {value!r}")
+        found[key or wf.name] = wf
+    return found
+
+
+def resolve(target: Any, registry: dict[str, Workflow]) -> Workflow:
+    """A Workflow from a Workflow, a registered name, or a generator function."""
+    if isinstance(target, Workflow):
+        return target
+    if isinstance(target, str):
+        found = registry.get(target) or _REGISTRY.get(target)
+        if found is None:
+            known = sorted(set(registry) | set(_REGISTRY))
+            raise UnknownWorkflowError(
+                f"no workflow named {target!r} is registered "
+                f"(known: {', '.join(known) if known else 'none'}); decorate it with @workflow "
+                f"and import its module, or pass workflows=[...] to Runtime"
+            )
+        return found
+    if callable(target):
+        return Workflow(target, target.__name__)
+    raise TypeError(f"expected a workflow, got {type(target).__name__}")
