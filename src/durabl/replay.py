@@ -50,6 +50,7 @@ class StepRecord:
     wake_at_s: float | None = None
     retries: int = 0
     dead: bool = False
+    redriven: bool = False
     last_seq: int = 0
     done_seq: int = 0
 
@@ -168,6 +169,7 @@ def _dlq_redriven(h: History, e: Event) -> None:
     rec = h.record(e)
     rec.dead = False
     rec.dispatched = False
+    rec.redriven = True
 
 
 def _dlq_resolved(h: History, e: Event) -> None:

@@ -87,8 +87,9 @@ class _Park(Exception):
     """The run cannot go further now (timer pending, dead-lettered, log end in a dry replay)."""
 
 
-class _DryStop(BaseException):
-    """A dry replay reached the end of the log inside a ctx call; unwinds the workflow."""
+class _Unwind(BaseException):
+    """Stop the workflow from inside a ctx call (dry replay reached the log's end, or the log
+    disagrees); a BaseException so that no ``except Exception`` in workflow code can swallow it."""
 
 
 class _Hold(Exception):
@@ -122,6 +123,7 @@ class _Drive:
         self.replayed = 0
         self.executed = 0
         self.status = row.status
+        self.error = row.error
         self.hold: DurablError | None = None
         self.next_step: str | None = None
         self.wake_at_s = row.wake_at_s
@@ -140,13 +142,13 @@ class _Drive:
             action, rec = replay.decide(self.history, self.position, step)
         except NonDeterminismError as exc:
             self.hold = exc
-            raise _DryStop() from None
+            raise _Unwind() from None
         if action == replay.SERVE and rec is not None:
             self.replayed += 1
             return codec.decode(rec.result_text or "null")
         if self.dry:
             self.next_step = step.describe()
-            raise _DryStop()
+            raise _Unwind()
         text, value = codec.round_trip(draw(), what=step.describe())
         crashpoints.reach(crashpoints.BEFORE_CTX_RECORDED)
         self.rt._commit(self, [(events.CTX_RECORDED, step.fingerprint, text)])
@@ -214,8 +216,15 @@ class Runtime:
         Starting again with an existing run id and the same workflow and input returns that run
         (driving it on if it was interrupted); with a different workflow or input it is an error.
         """
+        return self._start(workflow, input, run_id).run_id
+
+    def run(self, workflow: Any, input: Any = None, *, run_id: str | None = None) -> RunState:
+        """``start``, and return the state the run reached."""
+        return self._start(workflow, input, run_id)
+
+    def _start(self, workflow: Any, run_input: Any, run_id: str | None) -> RunState:
         wf = workflows.resolve(workflow, self._workflows)
-        input_text, value = codec.round_trip(input, what=f"input of workflow {wf.name!r}")
+        input_text, value = codec.round_trip(run_input, what=f"input of workflow {wf.name!r}")
         wf.bind(value)
         if run_id is None:
             run_id = uuid.uuid4().hex
@@ -233,17 +242,12 @@ class Runtime:
                     f"{input_text}"
                 )
             if existing.status == events.RUNNING:
-                self._resume_row(existing, wf)
-            return run_id
+                return self._resume_row(existing, wf)
+            return self.state(run_id)
         self._owned.add(run_id)
         crashpoints.reach(crashpoints.AFTER_RUN_STARTED)
         self._register(wf)
-        self._resume_row(self._row(run_id), wf)
-        return run_id
-
-    def run(self, workflow: Any, input: Any = None, *, run_id: str | None = None) -> RunState:
-        """``start`` and return the run's state."""
-        return self.state(self.start(workflow, input, run_id=run_id))
+        return self._resume_row(row, wf)
 
     def resume(self, run_id: str) -> RunState:
         """Drive an existing run on from where its log ends."""
@@ -449,7 +453,7 @@ class Runtime:
                     self._check_hold(d)
                     self._finish(d, stop.value)
                     return
-                except _DryStop:
+                except _Unwind:
                     self._check_hold(d)
                     return
                 except Exception as exc:
@@ -552,7 +556,7 @@ class Runtime:
             lambda: llm(step.prompt, **step.params),
             returned=crashpoints.AFTER_MODEL_RETURNED,
             failure=ModelCallFailed,
-            name="model",
+            name="ModelCall",
         )
 
     def _tool(self, d: _Drive, step: ToolCall, rec: StepRecord | None, action: str) -> Any:
@@ -573,9 +577,12 @@ class Runtime:
             if effect is not None:
                 return self._complete_from_effect(d, step, rec, effect)
             claim = self.store.key_claim(key)
+            redriven = rec is not None and rec.redriven
             if claim is not None and (claim.run_id, claim.step) != (d.run_id, d.position):
                 self._check_key(d, step, key, claim.tool, claim.args_fp, claim.run_id)
-                ambiguous = True
+                # Another run died inside this key's window: this run is in the same window,
+                # unless an operator has redriven this step and accepted the risk.
+                ambiguous = not redriven
         if (
             action == replay.WAIT
             and rec is not None
@@ -664,7 +671,7 @@ class Runtime:
                     retry_pending = delay_s > 0
                     continue
                 err = failure(name, type(exc).__name__, str(exc), attempt)
-                self._record_failure(d, err, key, claim is not None)
+                self._record_failure(d, err, step.fingerprint, key, claim is not None)
                 raise err from None
             crashpoints.reach(returned)
             try:
@@ -674,7 +681,9 @@ class Runtime:
                 )
             except EncodingError as exc:
                 err = failure(name, "EncodingError", str(exc), attempt)
-                self._record_failure(d, err, key, claim is not None, effect_happened=dispatch)
+                self._record_failure(
+                    d, err, step.fingerprint, key, claim is not None, effect_happened=dispatch
+                )
                 raise err from None
             effect = None
             if dispatch and key is not None:
@@ -712,21 +721,25 @@ class Runtime:
         self,
         d: _Drive,
         err: StepFailed,
+        fp: str,
         key: str | None,
         claimed: bool,
         *,
         effect_happened: bool = False,
     ) -> None:
+        """Record a step's final failure; if the effect happened (the tool returned a result
+        durabl cannot record), its key is spent: the side_effects row records the failure."""
         effect = None
         if effect_happened and key is not None:
             effect = SideEffect(
-                key, d.run_id, d.position, err.step_name, "", None, str(err), d.now()
+                key, d.run_id, d.position, err.step_name, fp, None, str(err), d.now()
             )
         self._commit(
             d,
             [(events.STEP_FAILED, None, codec.encode(err.to_record()))],
             side_effect=effect,
             release_claim=key if claimed else None,
+            wake_at_s=None,
             durable=True,
         )
         d.executed += 1
@@ -745,12 +758,16 @@ class Runtime:
             self._commit(
                 d,
                 [*started, (events.STEP_FAILED, None, codec.encode(err.to_record()))],
+                release_claim=step.idempotency_key,
+                wake_at_s=None,
                 durable=True,
             )
+            d.executed += 1
             raise err
         self._commit(
             d,
             [*started, (events.STEP_COMPLETED, None, effect.result_text)],
+            release_claim=step.idempotency_key,
             wake_at_s=None,
             durable=True,
         )
@@ -918,14 +935,15 @@ class Runtime:
                 Event(seq, kind, 0 if kind in events.TERMINAL else position, fp, data, now_s)
             )
         healthy = status in (events.RUNNING, events.SLEEPING, events.COMPLETED)
+        clear_error = healthy and error is None and d.error is not None
         self.store.commit(
             Commit(
                 d.run_id,
                 rows,
-                status=status,
+                status=None if status == d.status else status,
                 result_text=result_text,
                 error=error,
-                clear_error=healthy and error is None,
+                clear_error=clear_error,
                 wake_at_s=wake_at_s,
                 side_effect=side_effect,
                 claim=claim,
@@ -939,6 +957,7 @@ class Runtime:
         for row in rows:
             d.history.apply(row)
         d.status = status
+        d.error = error if error is not None else (None if clear_error else d.error)
 
     def _dead_lettered(self, run_id: str) -> tuple[RunRow, Event]:
         row = self._row(run_id)

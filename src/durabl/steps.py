@@ -53,13 +53,22 @@ def _short(text: str, limit: int = 80) -> str:
 class ModelCall(Step):
     """Ask the runtime's model: ``llm(prompt, **params)``. Re-executed after an ambiguous crash."""
 
-    __slots__ = ("params", "params_text", "prompt", "prompt_text")
+    __slots__ = ("params_text", "prompt_text")
     kind = "model"
 
     def __init__(self, prompt: Any, **params: Any) -> None:
-        self.prompt_text, self.prompt = codec.round_trip(prompt, what="ModelCall prompt")
-        self.params_text, self.params = codec.round_trip(params, what="ModelCall params")
+        self.prompt_text = codec.encode(prompt, what="ModelCall prompt")
+        self.params_text = codec.encode(params, what="ModelCall params")
         self.canonical = f'["model",{self.prompt_text},{self.params_text}]'
+
+    @property
+    def prompt(self) -> Any:
+        """The prompt as the model will see it (after the canonical JSON round trip)."""
+        return codec.decode(self.prompt_text)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return codec.decode(self.params_text)
 
     def describe(self) -> str:
         shown = self.prompt if isinstance(self.prompt, str) else self.prompt_text
@@ -69,7 +78,7 @@ class ModelCall(Step):
 class ToolCall(Step):
     """Call the registered tool ``name`` with ``args`` as keyword arguments."""
 
-    __slots__ = ("args", "args_text", "idempotency_key", "name")
+    __slots__ = ("args_text", "idempotency_key", "name")
     kind = "tool"
 
     def __init__(
@@ -96,11 +105,18 @@ class ToolCall(Step):
                 f"got {idempotency_key!r}"
             )
         self.name = name
-        self.args_text, self.args = codec.round_trip(args, what=f"ToolCall({name!r}) args")
+        self.args_text = codec.encode(args, what=f"ToolCall({name!r}) args")
         self.idempotency_key = idempotency_key
-        self.canonical = (
-            f'["tool",{json.dumps(name)},{self.args_text},{json.dumps(idempotency_key)}]'
-        )
+        key_text = "null" if idempotency_key is None else json.dumps(idempotency_key)
+        self.canonical = f'["tool",{json.dumps(name)},{self.args_text},{key_text}]'
+
+    @property
+    def args(self) -> dict[str, Any]:
+        """The arguments as the tool will see them (after the canonical JSON round trip).
+
+        Decoded on demand: a replayed step never needs them.
+        """
+        return codec.decode(self.args_text)
 
     def describe(self) -> str:
         return f"ToolCall({self.name!r}, {_short(self.args_text)})"

@@ -143,13 +143,8 @@ class SQLiteStore:
         """One IMMEDIATE transaction; rolled back on any BaseException, a simulated death too."""
         with self._lock:
             conn = self._live()
-            want_full = durable and self.durability == "full"
             try:
-                if want_full != self._sync_full:
-                    conn.execute(
-                        "PRAGMA synchronous = FULL" if want_full else "PRAGMA synchronous = NORMAL"
-                    )
-                    self._sync_full = want_full
+                self._set_sync(conn, durable)
                 conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
                 raise _storage_error(self.path, exc) from None
@@ -159,9 +154,18 @@ class SQLiteStore:
             except BaseException as exc:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.Error):
+                if isinstance(exc, sqlite3.Error) and not isinstance(exc, sqlite3.IntegrityError):
                     raise _storage_error(self.path, exc) from None
                 raise
+
+    def _set_sync(self, conn: sqlite3.Connection, durable: bool) -> None:
+        """fsync on commit only when this commit must survive power loss."""
+        want_full = durable and self.durability == "full"
+        if want_full != self._sync_full:
+            conn.execute(
+                "PRAGMA synchronous = FULL" if want_full else "PRAGMA synchronous = NORMAL"
+            )
+            self._sync_full = want_full
 
     @contextlib.contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
@@ -229,32 +233,66 @@ class SQLiteStore:
         return log
 
     def commit(self, commit: Commit) -> None:
-        with self._write(commit.durable) as conn:
-            for event in commit.events:
-                self._insert_event(conn, commit.run_id, event)
-            if commit.side_effect is not None:
-                self._insert_side_effect(conn, commit.side_effect)
-            if commit.claim is not None:
-                c = commit.claim
-                conn.execute(
-                    Q["upsert_claim"], (c.key, c.run_id, c.step, c.tool, c.args_fp, commit.at_s)
-                )
-            if commit.release_claim is not None:
-                conn.execute(Q["delete_claim"], (commit.release_claim,))
-            set_wake = commit.wake_at_s != UNCHANGED
-            conn.execute(
-                Q["update_run"],
-                (
-                    commit.run_id,
-                    commit.status,
-                    commit.result_text,
-                    commit.error,
-                    commit.clear_error,
-                    set_wake,
-                    commit.wake_at_s if set_wake else None,
-                    commit.at_s,
-                ),
+        statements: list[tuple[str, tuple[Any, ...]]] = [
+            _event_insert(commit.run_id, event) for event in commit.events
+        ]
+        if commit.side_effect is not None:
+            e = commit.side_effect
+            row = (e.key, e.run_id, e.step, e.tool, e.args_fp, e.result_text, e.error, e.at_s)
+            statements.append((Q["insert_side_effect"], row))
+        if commit.claim is not None:
+            c = commit.claim
+            claim = (c.key, c.run_id, c.step, c.tool, c.args_fp, commit.at_s)
+            statements.append((Q["upsert_claim"], claim))
+        if commit.release_claim is not None:
+            statements.append((Q["delete_claim"], (commit.release_claim,)))
+        set_wake = commit.wake_at_s != UNCHANGED
+        if (
+            commit.status is not None
+            or commit.result_text is not None
+            or commit.error is not None
+            or commit.clear_error
+            or set_wake
+        ):
+            update = (
+                commit.run_id,
+                commit.status,
+                commit.result_text,
+                commit.error,
+                commit.clear_error,
+                set_wake,
+                commit.wake_at_s if set_wake else None,
+                commit.at_s,
             )
+            statements.append((Q["update_run"], update))
+        try:
+            self._apply(statements, commit.durable)
+        except sqlite3.IntegrityError as exc:
+            if commit.side_effect is not None and "side_effects" in str(exc):
+                e = commit.side_effect
+                raise StorageError(
+                    f"refusing to record a second side effect for idempotency key {e.key!r} "
+                    f"(run {e.run_id}, step {e.step}): one key, one effect, ever"
+                ) from None
+            raise _storage_error(self.path, exc) from None
+
+    def _apply(self, statements: list[tuple[str, tuple[Any, ...]]], durable: bool) -> None:
+        """Execute ``statements`` atomically. A single statement is its own transaction in
+        SQLite's autocommit mode, which saves the BEGIN/COMMIT round trips on the hot path."""
+        if len(statements) == 1:
+            with self._lock:
+                conn = self._live()
+                try:
+                    self._set_sync(conn, durable)
+                    conn.execute(*statements[0])
+                except sqlite3.IntegrityError:
+                    raise
+                except sqlite3.Error as exc:
+                    raise _storage_error(self.path, exc) from None
+            return
+        with self._write(durable) as conn:
+            for sql, params in statements:
+                conn.execute(sql, params)
 
     def side_effect(self, key: str) -> SideEffect | None:
         with self._read() as conn:
@@ -285,21 +323,12 @@ class SQLiteStore:
 
     @staticmethod
     def _insert_event(conn: sqlite3.Connection, run_id: str, e: Event) -> None:
-        crc = codec.checksum(e.seq, e.kind, e.step, e.fp, e.data, e.at_s)
-        conn.execute(Q["insert_event"], (run_id, e.seq, e.kind, e.step, e.fp, e.data, e.at_s, crc))
+        conn.execute(*_event_insert(run_id, e))
 
-    @staticmethod
-    def _insert_side_effect(conn: sqlite3.Connection, s: SideEffect) -> None:
-        try:
-            conn.execute(
-                Q["insert_side_effect"],
-                (s.key, s.run_id, s.step, s.tool, s.args_fp, s.result_text, s.error, s.at_s),
-            )
-        except sqlite3.IntegrityError:
-            raise StorageError(
-                f"refusing to record a second side effect for idempotency key {s.key!r} "
-                f"(run {s.run_id}, step {s.step}): one key, one effect, ever"
-            ) from None
+
+def _event_insert(run_id: str, e: Event) -> tuple[str, tuple[Any, ...]]:
+    crc = codec.checksum(e.seq, e.kind, e.step, e.fp, e.data, e.at_s)
+    return Q["insert_event"], (run_id, e.seq, e.kind, e.step, e.fp, e.data, e.at_s, crc)
 
 
 def _split_script(script: str) -> list[str]:
