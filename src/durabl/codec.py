@@ -24,12 +24,40 @@ _decode = json.JSONDecoder().decode
 def encode(value: Any, *, what: str = "value") -> str:
     """Return the canonical JSON text of ``value`` or raise ``EncodingError`` naming ``what``."""
     try:
-        return _ENCODER.encode(value)
+        try:
+            text = _ENCODER.encode(value)
+        except TypeError:
+            _check_keys(value)  # a clearer message when mixed key types broke the sort
+            raise
+        _check_keys(value)
+        text.encode()  # a lone surrogate has no UTF-8 form and could not be stored
+        return text
     except (TypeError, ValueError, RecursionError) as exc:
         raise EncodingError(
             f"{what} cannot be recorded: it is not plain JSON data "
             f"(dict with str keys, list, str, int, float, bool, None): {exc}"
         ) from None
+
+
+def _check_keys(value: Any) -> None:
+    """JSON would silently turn a key like 1 or None into "1" or "null"; refuse instead."""
+    stack = [value]
+    seen: set[int] = set()
+    while stack:
+        item = stack.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, dict):
+            for key in item:
+                if type(key) is not str:
+                    raise TypeError(f"dict key {key!r} is a {type(key).__name__}, not a str")
+            stack.extend(v for v in item.values() if isinstance(v, _CONTAINERS))
+        elif isinstance(item, _CONTAINERS):
+            stack.extend(v for v in item if isinstance(v, _CONTAINERS))
+
+
+_CONTAINERS = (dict, list, tuple)
 
 
 def decode(text: str) -> Any:
@@ -50,5 +78,5 @@ def fingerprint(canonical_text: str) -> str:
 
 def checksum(seq: int, kind: str, step: int, fp: str | None, data: str | None, at_s: float) -> int:
     """CRC-32 over every column of an event row that replay depends on."""
-    row = f"{seq}\x1f{kind}\x1f{step}\x1f{fp or ''}\x1f{data or ''}\x1f{at_s!r}"
+    row = f"{seq}\x1f{kind}\x1f{step}\x1f{fp or ''}\x1f{data or ''}\x1f{float(at_s)!r}"
     return zlib.crc32(row.encode())

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from durabl import codec, events
-from durabl.errors import NonDeterminismError
+from durabl.errors import NonDeterminismError, StorageError
 from durabl.events import Event
 from durabl.steps import CtxValue, Step, describe_canonical
 
@@ -76,7 +76,12 @@ class History:
         return history
 
     def apply(self, event: Event) -> None:
-        handler = _HANDLERS[event.kind]
+        handler = _HANDLERS.get(event.kind)
+        if handler is None:
+            raise StorageError(
+                f"run {self.run_id} seq {event.seq} has event kind {event.kind!r}, which this "
+                f"durabl does not know; was the log written by a newer version?"
+            )
         handler(self, event)
         self.last_seq = event.seq
 
@@ -209,7 +214,11 @@ def decide(history: History, position: int, step: Step) -> tuple[str, StepRecord
             raise mismatch(history, position, "the end of the workflow", step.describe())
         return EXECUTE, None
     if rec.fp != step.fingerprint:
-        raise mismatch(history, position, _recorded(rec), step.describe())
+        expected, actual = _recorded(rec), step.describe()
+        if expected == actual and rec.canonical is not None:
+            # Short descriptions can coincide for long arguments: show everything.
+            expected, actual = f"{expected} = {rec.canonical}", f"{actual} = {step.canonical}"
+        raise mismatch(history, position, expected, actual)
     if rec.done:
         return (THROW if rec.failure is not None else SERVE), rec
     if rec.dead:

@@ -182,7 +182,8 @@ class Runtime:
         self._tools: dict[str, Tool] = build_registry(tools)
         self._workflows = workflows_registry(workflows)
         self._llm = llm
-        self._clock: Callable[[], float] = clock or time.time
+        user_clock = clock or time.time
+        self._clock: Callable[[], float] = lambda: float(user_clock())
         self._retry = retry or RetryPolicy()
         self.store: Store = (
             store
@@ -191,6 +192,7 @@ class Runtime:
         )
         self.instance_id = uuid.uuid4().hex
         self._owned: set[str] = set()
+        self._policies: dict[str, RetryPolicy] = {}
         self._boundary = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -506,6 +508,12 @@ class Runtime:
         assert isinstance(step, ToolCall)
         return self._tool(d, step, rec, action)
 
+    def _policy(self, tool: Tool) -> RetryPolicy:
+        policy = self._policies.get(tool.name)
+        if policy is None:
+            policy = self._policies[tool.name] = tool.policy(self._retry)
+        return policy
+
     # -- executing steps -------------------------------------------------------------------
 
     def _sleep(self, d: _Drive, step: Sleep, rec: StepRecord | None) -> None:
@@ -606,7 +614,7 @@ class Runtime:
             d,
             step,
             rec,
-            tool.policy(self._retry),
+            self._policy(tool),
             call,
             returned=crashpoints.AFTER_TOOL_RETURNED,
             failure=ToolFailed,

@@ -140,7 +140,10 @@ class Sleep(Step):
         for label, value in parts.items():
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise TypeError(f"Sleep {label} must be a number, got {value!r}")
-        total = float(seconds) + minutes * 60.0 + hours * 3600.0 + days * 86400.0
+        try:
+            total = float(seconds) + minutes * 60.0 + hours * 3600.0 + days * 86400.0
+        except OverflowError:
+            total = math.inf
         if math.isnan(total) or total < 0:
             raise ValueError(f"Sleep duration must be zero or more seconds, got {total!r}")
         if total > MAX_SLEEP_S:
@@ -151,7 +154,7 @@ class Sleep(Step):
         self.canonical = f'["sleep",{json.dumps(total)}]'
 
     def describe(self) -> str:
-        return f"Sleep({self.seconds:g} s)"
+        return f"Sleep({self.seconds:.15g} s)"
 
 
 class CtxValue(Step):
@@ -179,7 +182,7 @@ def describe_canonical(canonical: str) -> str:
             shown = parsed[1] if isinstance(parsed[1], str) else codec.encode(parsed[1])
             return f"ModelCall({_short(repr(shown))})"
         if kind == "sleep":
-            return f"Sleep({parsed[1]:g} s)"
+            return f"Sleep({float(parsed[1]):.15g} s)"
         if kind == "ctx":
             return f"ctx.{parsed[1]}()"
     except (ValueError, IndexError, TypeError, KeyError):

@@ -60,7 +60,11 @@ class RetryPolicy:
 
     def delay_s(self, failed_attempt: int) -> float:
         """Seconds to wait after attempt number ``failed_attempt`` (1-based) failed."""
-        return float(min(self.max_delay, self.base_delay * self.multiplier ** (failed_attempt - 1)))
+        try:
+            grown = self.base_delay * self.multiplier ** (failed_attempt - 1)
+        except OverflowError:
+            return float(self.max_delay)
+        return float(min(self.max_delay, grown))
 
 
 def _accepts_key(fn: Callable[..., Any]) -> bool:

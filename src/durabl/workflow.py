@@ -26,6 +26,14 @@ class Workflow:
             inspect.Parameter.POSITIONAL_OR_KEYWORD,
         ):
             raise TypeError(f"@workflow {name!r} must take ctx as its first positional parameter")
+        positional_only = [
+            p.name for p in params[1:] if p.kind is inspect.Parameter.POSITIONAL_ONLY
+        ]
+        if positional_only:
+            raise TypeError(
+                f"@workflow {name!r}: parameters {positional_only} are positional-only, but input "
+                f"binds to parameters by name; remove the '/'"
+            )
         self.fn = fn
         self.name = name
         self._params = params[1:]

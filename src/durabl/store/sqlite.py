@@ -18,6 +18,7 @@ import threading
 from collections.abc import Iterator
 from importlib import resources
 from typing import Any
+from urllib.request import pathname2url
 
 from durabl import codec
 from durabl.errors import SchemaVersionError, StorageError
@@ -85,27 +86,39 @@ class SQLiteStore:
     # -- opening ---------------------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
+        if not self.read_only and os.path.exists(self.path) and os.path.getsize(self.path) > 0:
+            # Judge an existing file through a read-only connection first: closing it never
+            # checkpoints or removes a -wal, so a refused file is left exactly as it was.
+            self._open(read_only=True).close()
+        return self._open(read_only=self.read_only)
+
+    def _open(self, *, read_only: bool) -> sqlite3.Connection:
         try:
-            if self.read_only:
-                uri = f"file:{self.path}?mode=ro"
+            if read_only:
+                uri = f"file:{pathname2url(os.path.abspath(self.path))}?mode=ro"
                 conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
                 conn.execute("PRAGMA query_only = ON")
             else:
                 conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise _storage_error(self.path, exc) from None
+        try:
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            if not self.read_only:
+            self._check_identity(conn, read_only)
+            if not read_only:
                 mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
                 if mode.lower() != "wal":
                     raise StorageError(f"{self.path}: cannot switch the database to WAL mode")
                 conn.execute("PRAGMA synchronous = NORMAL")
-            self._check_identity(conn)
-            if not self.read_only:
                 self._migrate(conn)
             return conn
-        except sqlite3.Error as exc:
-            raise _storage_error(self.path, exc) from None
+        except BaseException as exc:
+            conn.close()
+            if isinstance(exc, sqlite3.Error):
+                raise _storage_error(self.path, exc) from None
+            raise
 
-    def _check_identity(self, conn: sqlite3.Connection) -> None:
+    def _check_identity(self, conn: sqlite3.Connection, read_only: bool) -> None:
         app_id = conn.execute("PRAGMA application_id").fetchone()[0]
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         tables = conn.execute(Q["count_tables"]).fetchone()[0]
@@ -118,10 +131,13 @@ class SQLiteStore:
                 f"{self.path} has durabl schema v{version}, written by a newer durabl; this "
                 f"version understands up to v{SCHEMA_VERSION}. Upgrade durabl to open it."
             )
-        if self.read_only and app_id != APPLICATION_ID:
+        if read_only and self.read_only and app_id != APPLICATION_ID:
             raise StorageError(f"{self.path} is not an initialised durabl database")
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
+        """Bring the schema up to date. A current database is not written to at all."""
+        if _schema_of(conn) == (APPLICATION_ID, SCHEMA_VERSION):
+            return
         conn.execute("BEGIN IMMEDIATE")
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -154,7 +170,7 @@ class SQLiteStore:
             except BaseException as exc:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.Error) and not isinstance(exc, sqlite3.IntegrityError):
+                if isinstance(exc, sqlite3.Error):
                     raise _storage_error(self.path, exc) from None
                 raise
 
@@ -267,14 +283,15 @@ class SQLiteStore:
             statements.append((Q["update_run"], update))
         try:
             self._apply(statements, commit.durable)
-        except sqlite3.IntegrityError as exc:
-            if commit.side_effect is not None and "side_effects" in str(exc):
-                e = commit.side_effect
+        except StorageError as exc:
+            effect = commit.side_effect
+            if effect is not None and "second side effect" in str(exc):
                 raise StorageError(
-                    f"refusing to record a second side effect for idempotency key {e.key!r} "
-                    f"(run {e.run_id}, step {e.step}): one key, one effect, ever"
+                    f"{self.path}: refusing to record a second side effect for idempotency key "
+                    f"{effect.key!r} (run {effect.run_id}, step {effect.step}): one key, one "
+                    f"effect, ever"
                 ) from None
-            raise _storage_error(self.path, exc) from None
+            raise
 
     def _apply(self, statements: list[tuple[str, tuple[Any, ...]]], durable: bool) -> None:
         """Execute ``statements`` atomically. A single statement is its own transaction in
@@ -285,8 +302,6 @@ class SQLiteStore:
                 try:
                     self._set_sync(conn, durable)
                     conn.execute(*statements[0])
-                except sqlite3.IntegrityError:
-                    raise
                 except sqlite3.Error as exc:
                     raise _storage_error(self.path, exc) from None
             return
@@ -331,6 +346,11 @@ def _event_insert(run_id: str, e: Event) -> tuple[str, tuple[Any, ...]]:
     return Q["insert_event"], (run_id, e.seq, e.kind, e.step, e.fp, e.data, e.at_s, crc)
 
 
+def _schema_of(conn: sqlite3.Connection) -> tuple[int, int]:
+    app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+    return app_id, conn.execute("PRAGMA user_version").fetchone()[0]
+
+
 def _split_script(script: str) -> list[str]:
     """Split a migration into statements; trigger bodies keep their inner semicolons."""
     statements, current = [], []
@@ -363,7 +383,15 @@ def _check_file(path: str, *, read_only: bool) -> None:
         parent = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(parent):
             raise StorageError(f"cannot create {path}: directory {parent} does not exist")
+        _check_writable_dir(path)
         return
+    if not read_only:
+        _check_writable_dir(path)
+        if not os.access(path, os.W_OK):
+            raise StorageError(
+                f"{path} is read-only; a runtime must write to it (open it with read_only=True "
+                f"to only look)"
+            )
     size = os.path.getsize(path)
     if size == 0:
         if read_only:
@@ -385,6 +413,15 @@ def _check_file(path: str, *, read_only: bool) -> None:
         )
 
 
+def _check_writable_dir(path: str) -> None:
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.access(parent, os.W_OK):
+        raise StorageError(
+            f"{path}: directory {parent} is read-only; durabl writes the database and its -wal "
+            f"and -shm files there (open it with read_only=True to only look)"
+        )
+
+
 def _storage_error(path: str, exc: sqlite3.Error) -> StorageError:
     text = str(exc)
     lowered = text.lower()
@@ -396,6 +433,8 @@ def _storage_error(path: str, exc: sqlite3.Error) -> StorageError:
         why = "the file is corrupt; run 'durabl doctor' and restore from a backup"
     elif "unable to open" in lowered:
         why = "the file cannot be opened (check the path and permissions)"
+    elif "unique constraint failed: side_effects" in lowered:
+        why = "refusing to record a second side effect for one idempotency key: one key, one effect, ever"
     elif "durabl:" in lowered:
         why = text[text.index("durabl:") + len("durabl:") :].strip()
     else:

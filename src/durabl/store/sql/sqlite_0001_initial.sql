@@ -25,18 +25,18 @@ CREATE TABLE events (
     fp      TEXT,
     data    TEXT,
     at_s    REAL NOT NULL,
-    crc     INTEGER NOT NULL
-);
-CREATE UNIQUE INDEX events_by_run_seq ON events (run_id, seq);
+    crc     INTEGER NOT NULL,
+    PRIMARY KEY (run_id, seq)
+) WITHOUT ROWID;
 
 -- The log's invariants live in the database, not in the process that crashes.
 CREATE TRIGGER events_gapless BEFORE INSERT ON events
 BEGIN
-    SELECT RAISE(ABORT, 'durabl: an event seq must extend its run''s log by exactly one')
+    SELECT RAISE(ABORT, 'durabl: an event seq must extend an existing run''s log by exactly one')
     WHERE NEW.seq != 1 + COALESCE(
         (SELECT MAX(seq) FROM events WHERE run_id = NEW.run_id),
         (SELECT watermark FROM runs WHERE run_id = NEW.run_id),
-        0);
+        -1);
 END;
 
 CREATE TRIGGER events_append_only BEFORE UPDATE ON events
@@ -59,8 +59,7 @@ CREATE TABLE side_effects (
     result   TEXT,
     error    TEXT,
     at_s     REAL NOT NULL
-);
-CREATE INDEX side_effects_by_run ON side_effects (run_id, step);
+) WITHOUT ROWID;
 
 CREATE TRIGGER side_effects_never_overwritten BEFORE UPDATE ON side_effects
 BEGIN
