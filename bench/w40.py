@@ -1,0 +1,1072 @@
+"""W40: what durabl costs per step, what replay costs, and whether either grows with the log.
+
+The workload is one ``ModelCall`` to a stub model that answers instantly, then 40 ``ToolCall``s
+to a tool that appends one line to a file and returns a ~200-byte dict. The same stub and the
+same tool, called directly by a plain Python loop with the same arguments, are the baseline.
+
+What one invocation measures (every figure in the output file comes from this run):
+
+1. overhead: per-step overhead over the plain loop, ``(durabl run - plain run) / 41``, for
+   ``durability="process"`` and ``durability="full"`` (the tool registered as a bare callable,
+   which is AT_MOST_ONCE, so TOOL_DISPATCHED is made durable before each call), plus
+   ``durability="full"`` with the tool registered IDEMPOTENT (one fsync per step, the floor).
+   Each configuration has its own fresh database; repetitions are interleaved, in a rotating
+   order, so that machine noise hits every configuration and the baseline alike; each durabl
+   run is paired with the plain run of the same repetition.
+2. replay: a dry ``rt.replay(run_id)`` of a completed W40 run, and ``resume`` on a fresh
+   ``Runtime`` of a run killed (``CrashAt("before_run_completed")``) just before completion,
+   which serves all 41 steps from the log and writes only RUN_RESUMED + RUN_COMPLETED. Reported
+   as the whole call divided by 41 served steps; nothing is subtracted.
+3. scaling: the per-step overhead on a (nearly) empty database and on one that already holds
+   100,000 events from earlier W40 runs, in both durability modes, and their ratio.
+4. a census of the store work per run (transactions, fsync-bearing commits, SQL statements, WAL
+   bytes, share of wall time inside the store) and cProfiles of executing and of resuming runs
+   in process mode, so the cost can be attributed.
+
+Run times in process mode are bimodal: SQLite's WAL auto-checkpoint (every 1000 frames) lands in
+roughly every other W40 run, so a median can sit on either side of the gap from one invocation
+to the next. The means, and the raw per-run samples (``raw_run_us``), are in the output too.
+
+Databases live in a temporary directory on a real disk (never tmpfs: fsync must be real).
+
+    python -m bench.w40 --out bench/results/w40.json          # the full benchmark (make bench)
+    python -m bench.w40 --quick --out /tmp/w40.json           # seconds; exercises every path
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import pstats
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import durabl
+from durabl import ModelCall, Runtime, ToolCall, tool, workflow
+from durabl.crashpoints import BEFORE_RUN_COMPLETED, CrashAt, ProcessDeath
+
+SCHEMA = 1
+"""Version of the layout of the JSON this script writes."""
+TOOL_CALLS = 40
+STEPS = 1 + TOOL_CALLS
+TOPIC = "sea otters"
+WORKFLOW_NAME = "bench.w40"
+TOOL_NAME = "append_line"
+REPO = Path(__file__).resolve().parent.parent
+RAM_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "devtmpfs", "hugetlbfs"})
+
+TARGETS = {
+    "full_overhead_ms_per_step_median": 0.5,
+    "process_overhead_ms_per_step_median": 0.15,
+    "replay_us_per_served_step_median": 15.0,
+    "scaling_ratio_100k_over_empty": 1.10,
+}
+"""Design targets: reported against the figures, never asserted."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How many repetitions each part runs."""
+
+    warmup: int
+    overhead_reps: int
+    replay_reps: int
+    resume_reps: int
+    scaling_reps: int
+    prior_events: int
+    profile_runs: int
+    census_runs: int
+    fsync_samples: int
+
+
+FULL = Plan(
+    warmup=5,
+    overhead_reps=200,
+    replay_reps=500,
+    resume_reps=100,
+    scaling_reps=150,
+    prior_events=100_000,
+    profile_runs=200,
+    census_runs=50,
+    fsync_samples=300,
+)
+QUICK = Plan(
+    warmup=1,
+    overhead_reps=3,
+    replay_reps=5,
+    resume_reps=2,
+    scaling_reps=2,
+    prior_events=1_000,
+    profile_runs=2,
+    census_runs=2,
+    fsync_samples=20,
+)
+
+
+# -- the workload ---------------------------------------------------------------------------
+
+
+def stub_llm(prompt: str, **params: Any) -> dict[str, Any]:
+    """The model: answers instantly with a small dict."""
+    return {"plan": "query each source once", "queries": TOOL_CALLS, "tokens": 17}
+
+
+class Outbox:
+    """The tool: appends one line to a file and returns a ~200-byte dict."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.touch()
+
+    def __call__(self, i: int, topic: str) -> dict[str, Any]:
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(f"{i}\t{topic}\n")
+        return {
+            "i": i,
+            "topic": topic,
+            "title": f"Search result {i} for {topic}",
+            "url": f"https://example.org/search/{topic.replace(' ', '-')}/{i}",
+            "snippet": "Sea otters hold hands while sleeping so they do not drift apart.",
+            "score": 0.5,
+        }
+
+    def lines(self) -> int:
+        with open(self.path, encoding="utf-8") as fh:
+            return sum(1 for _ in fh)
+
+
+@workflow(name=WORKFLOW_NAME)
+def w40(ctx: Any, topic: str) -> Any:
+    plan = yield ModelCall(f"Plan a search about {topic}")
+    found = []
+    for i in range(TOOL_CALLS):
+        hit = yield ToolCall(TOOL_NAME, {"i": i, "topic": topic})
+        found.append(hit["i"])
+    return {"plan": plan["plan"], "hits": len(found)}
+
+
+def plain_loop(llm: Callable[..., Any], append: Callable[..., Any], topic: str) -> Any:
+    """The baseline: the same calls with the same arguments, and nothing else."""
+    plan = llm(f"Plan a search about {topic}")
+    found = []
+    for i in range(TOOL_CALLS):
+        hit = append(i=i, topic=topic)
+        found.append(hit["i"])
+    return {"plan": plan["plan"], "hits": len(found)}
+
+
+EXPECTED = plain_loop(stub_llm, lambda i, topic: {"i": i}, TOPIC)
+
+
+def make_runtime(
+    db: Path, durability: str, outbox: Outbox, tool_mode: str | None = None
+) -> Runtime:
+    """A runtime for W40. ``tool_mode=None`` registers the tool as a bare callable (the default,
+    AT_MOST_ONCE); otherwise it is wrapped with ``tool(..., mode=tool_mode)``."""
+    registered: Any = outbox if tool_mode is None else tool(outbox, name=TOOL_NAME, mode=tool_mode)
+    return Runtime(db, llm=stub_llm, tools={TOOL_NAME: registered}, durability=durability)
+
+
+# -- measuring ------------------------------------------------------------------------------
+
+
+class Subject:
+    """One thing that executes W40 once per call of ``run`` and returns its wall time (ns)."""
+
+    label: str
+    outbox: Outbox
+    runs: int = 0
+
+    def run(self) -> int:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class PlainSubject(Subject):
+    def __init__(self, label: str, outbox: Outbox) -> None:
+        self.label = label
+        self.outbox = outbox
+        self.runs = 0
+
+    def run(self) -> int:
+        t0 = time.perf_counter_ns()
+        result = plain_loop(stub_llm, self.outbox, TOPIC)
+        elapsed = time.perf_counter_ns() - t0
+        if result != EXPECTED:
+            raise AssertionError(f"plain loop returned {result!r}")
+        self.runs += 1
+        return elapsed
+
+
+class DurablSubject(Subject):
+    def __init__(
+        self,
+        label: str,
+        db: Path,
+        durability: str,
+        outbox: Outbox,
+        tool_mode: str | None = None,
+    ) -> None:
+        self.label = label
+        self.db = db
+        self.durability = durability
+        self.tool_mode = tool_mode or "AT_MOST_ONCE"
+        self.registration = "bare callable" if tool_mode is None else f"tool(mode={tool_mode!r})"
+        self.outbox = outbox
+        self.rt = make_runtime(db, durability, outbox, tool_mode)
+        self.runs = 0
+
+    def run(self) -> int:
+        t0 = time.perf_counter_ns()
+        run_id = self.rt.start(w40, {"topic": TOPIC})
+        elapsed = time.perf_counter_ns() - t0
+        result = self.rt.result(run_id)  # raises unless COMPLETED
+        if result != EXPECTED:
+            raise AssertionError(f"{self.label}: run {run_id} returned {result!r}")
+        self.runs += 1
+        return elapsed
+
+    def close(self) -> None:
+        self.rt.close()
+
+
+def interleave(
+    subjects: Sequence[Subject], reps: int, warmup: int, progress: str
+) -> dict[str, list[int]]:
+    """Run every subject ``reps`` times, one of each per repetition, in a rotating order."""
+    for _ in range(warmup):
+        for s in subjects:
+            s.run()
+    samples: dict[str, list[int]] = {s.label: [] for s in subjects}
+    n = len(subjects)
+    for rep in range(reps):
+        shift = rep % n
+        for s in [*subjects[shift:], *subjects[:shift]]:
+            samples[s.label].append(s.run())
+        if reps >= 10 and (rep + 1) % max(1, reps // 4) == 0:
+            _say(f"  {progress}: {rep + 1}/{reps}")
+    for s in subjects:
+        expected_lines = TOOL_CALLS * s.runs
+        if s.outbox.lines() != expected_lines:
+            raise AssertionError(
+                f"{s.label}: the outbox has {s.outbox.lines()} lines after {s.runs} runs, "
+                f"expected {expected_lines}"
+            )
+    return samples
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def summary(values: Sequence[float], digits: int = 4) -> dict[str, Any]:
+    return {
+        "median": round(statistics.median(values), digits),
+        "p95": round(percentile(values, 95), digits),
+        "min": round(min(values), digits),
+        "mean": round(statistics.fmean(values), digits),
+        "n": len(values),
+    }
+
+
+def overhead_figures(durabl_ns: Sequence[int], plain_ns: Sequence[int]) -> dict[str, Any]:
+    """Per-step overhead of each durabl run over the plain run of the same repetition, in ms."""
+    per_step = [(d - p) / STEPS / 1e6 for d, p in zip(durabl_ns, plain_ns, strict=True)]
+    s = summary(per_step)
+    return {
+        "overhead_ms_per_step_median": s["median"],
+        "overhead_ms_per_step_p95": s["p95"],
+        "overhead_ms_per_step_min": s["min"],
+        "overhead_ms_per_step_mean": s["mean"],
+        "run_ms_median": round(statistics.median(durabl_ns) / 1e6, 4),
+        "run_ms_p95": round(percentile(durabl_ns, 95) / 1e6, 4),
+        "reps": len(per_step),
+    }
+
+
+def plain_figures(plain_ns: Sequence[int]) -> dict[str, Any]:
+    return {
+        "us_per_step_median": round(statistics.median(plain_ns) / STEPS / 1e3, 3),
+        "us_per_step_p95": round(percentile(plain_ns, 95) / STEPS / 1e3, 3),
+        "run_ms_median": round(statistics.median(plain_ns) / 1e6, 4),
+        "reps": len(plain_ns),
+    }
+
+
+# -- part 1: per-step overhead --------------------------------------------------------------
+
+
+def measure_overhead(
+    work: Path, plan: Plan, raw: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    _say("[1/5] per-step overhead: process, full, full+IDEMPOTENT vs the plain loop")
+    plain = PlainSubject("plain", Outbox(work / "overhead_plain.txt"))
+    subjects: list[Subject] = [
+        plain,
+        DurablSubject(
+            "process",
+            work / "overhead_process.db",
+            "process",
+            Outbox(work / "overhead_process.txt"),
+        ),
+        DurablSubject(
+            "full", work / "overhead_full.db", "full", Outbox(work / "overhead_full.txt")
+        ),
+        DurablSubject(
+            "full_idempotent",
+            work / "overhead_full_idem.db",
+            "full",
+            Outbox(work / "overhead_full_idem.txt"),
+            tool_mode="IDEMPOTENT",
+        ),
+    ]
+    try:
+        samples = interleave(subjects, plan.overhead_reps, plan.warmup, "overhead")
+    finally:
+        for s in subjects:
+            s.close()
+    raw["overhead"] = {label: [round(t / 1e3) for t in ts] for label, ts in samples.items()}
+    figures: dict[str, Any] = {}
+    for s in subjects:
+        if isinstance(s, DurablSubject):
+            figures[s.label] = {
+                "durability": s.durability,
+                "tool_mode": s.tool_mode,
+                "tool_registration": s.registration,
+                **overhead_figures(samples[s.label], samples["plain"]),
+            }
+    return figures, plain_figures(samples["plain"])
+
+
+# -- part 2: replay cost --------------------------------------------------------------------
+
+
+def measure_replay(work: Path, plan: Plan) -> dict[str, Any]:
+    _say("[2/5] replay: dry replay of a completed run, resume of a run killed before completion")
+    figures: dict[str, Any] = {}
+
+    outbox = Outbox(work / "replay.txt")
+    rt = make_runtime(work / "replay.db", "process", outbox)
+    try:
+        run_id = rt.start(w40, {"topic": TOPIC})
+        times: list[int] = []
+        for i in range(plan.warmup + plan.replay_reps):
+            t0 = time.perf_counter_ns()
+            state = rt.replay(run_id)
+            elapsed = time.perf_counter_ns() - t0
+            if state.status != "COMPLETED" or state.steps_replayed != STEPS or state.steps_executed:
+                raise AssertionError(f"dry replay gave {state!r}")
+            if i >= plan.warmup:
+                times.append(elapsed)
+    finally:
+        rt.close()
+    if outbox.lines() != TOOL_CALLS:
+        raise AssertionError("a dry replay called the tool")
+    figures["dry_replay"] = served_figures(times)
+
+    resume_times: dict[str, list[int]] = {"process": [], "full": []}
+    open_times: dict[str, list[int]] = {"process": [], "full": []}
+    outboxes = {mode: Outbox(work / f"resume_{mode}.txt") for mode in resume_times}
+    fresh_dry_times: list[int] = []
+    for i in range(plan.warmup + plan.resume_reps):
+        for mode in ("process", "full") if i % 2 == 0 else ("full", "process"):
+            db = work / f"resume_{mode}.db"
+            run_id = uuid.uuid4().hex
+            doomed = make_runtime(db, mode, outboxes[mode])
+            try:
+                with CrashAt(BEFORE_RUN_COMPLETED):
+                    doomed.start(w40, {"topic": TOPIC}, run_id=run_id)
+                raise AssertionError("the run was not killed before completion")
+            except ProcessDeath:
+                pass
+            finally:
+                doomed.close()
+            t0 = time.perf_counter_ns()
+            fresh = make_runtime(db, mode, outboxes[mode])
+            t1 = time.perf_counter_ns()
+            try:
+                state = fresh.resume(run_id)
+                t2 = time.perf_counter_ns()
+            finally:
+                fresh.close()
+            if (
+                state.status != "COMPLETED"
+                or state.steps_replayed != STEPS
+                or state.steps_executed != 0
+                or state.result != EXPECTED
+            ):
+                raise AssertionError(f"resume after the crash gave {state!r}")
+            if i >= plan.warmup:
+                resume_times[mode].append(t2 - t1)
+                open_times[mode].append(t1 - t0)
+            if mode == "process":
+                # The same log, dry, on yet another fresh runtime: resume minus its two writes.
+                other = make_runtime(db, mode, outboxes[mode])
+                try:
+                    t0 = time.perf_counter_ns()
+                    state = other.replay(run_id)
+                    t1 = time.perf_counter_ns()
+                finally:
+                    other.close()
+                if state.status != "COMPLETED" or state.steps_replayed != STEPS:
+                    raise AssertionError(f"dry replay on a fresh runtime gave {state!r}")
+                if i >= plan.warmup:
+                    fresh_dry_times.append(t1 - t0)
+    for mode, ob in outboxes.items():
+        runs = plan.warmup + plan.resume_reps
+        if ob.lines() != TOOL_CALLS * runs:
+            raise AssertionError(f"resume ({mode}) called the tool again: {ob.lines()} lines")
+    figures["dry_replay_fresh_runtime"] = served_figures(fresh_dry_times)
+    for mode in resume_times:
+        figures[f"resume_{mode}"] = {
+            **served_figures(resume_times[mode]),
+            "runtime_open_ms_median": round(statistics.median(open_times[mode]) / 1e6, 4),
+        }
+    return figures
+
+
+def served_figures(times_ns: Sequence[int]) -> dict[str, Any]:
+    per_step = [t / STEPS / 1e3 for t in times_ns]
+    s = summary(per_step, digits=3)
+    return {
+        "us_per_served_step_median": s["median"],
+        "us_per_served_step_p95": s["p95"],
+        "us_per_served_step_min": s["min"],
+        "call_ms_median": round(statistics.median(times_ns) / 1e6, 4),
+        "steps_served": STEPS,
+        "reps": len(times_ns),
+    }
+
+
+# -- part 3: scaling with the size of the log ------------------------------------------------
+
+
+def count_events(db: Path) -> int:
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return int(conn.execute("SELECT COUNT(*) FROM events").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def populate(db: Path, outbox: Outbox, target_events: int) -> tuple[int, int, float]:
+    """Run W40 in process mode until the database holds ``target_events`` events."""
+    t0 = time.perf_counter()
+    runs = 0
+    rt = make_runtime(db, "process", outbox)
+    try:
+        rt.start(w40, {"topic": TOPIC})
+        runs = 1
+        per_run = count_events(db)
+        events_now = per_run
+        while events_now < target_events:
+            batch = math.ceil((target_events - events_now) / per_run)
+            for _ in range(batch):
+                rt.start(w40, {"topic": TOPIC})
+            runs += batch
+            events_now = count_events(db)
+            _say(f"  populated {events_now} events ({runs} runs)")
+    finally:
+        rt.close()
+    return events_now, runs, time.perf_counter() - t0
+
+
+def measure_scaling(work: Path, plan: Plan, raw: dict[str, Any]) -> dict[str, Any]:
+    _say(f"[3/5] scaling: empty database vs one holding >= {plan.prior_events} events")
+    big = work / "scaling_prior.db"
+    prior, populate_runs, populate_s = populate(
+        big, Outbox(work / "scaling_populate.txt"), plan.prior_events
+    )
+    empty = work / "scaling_empty.db"
+    subjects: list[Subject] = [PlainSubject("plain", Outbox(work / "scaling_plain.txt"))]
+    for mode in ("process", "full"):
+        subjects.append(
+            DurablSubject(f"{mode}@empty", empty, mode, Outbox(work / f"scaling_{mode}_e.txt"))
+        )
+        subjects.append(
+            DurablSubject(f"{mode}@prior", big, mode, Outbox(work / f"scaling_{mode}_p.txt"))
+        )
+    try:
+        samples = interleave(subjects, plan.scaling_reps, plan.warmup, "scaling")
+    finally:
+        for s in subjects:
+            s.close()
+    raw["scaling"] = {label: [round(t / 1e3) for t in ts] for label, ts in samples.items()}
+    figures: dict[str, Any] = {
+        "prior_events": prior,
+        "populate_runs": populate_runs,
+        "populate_s": round(populate_s, 2),
+        "events_per_run": prior // populate_runs,
+        "empty_db_events_at_end": count_events(empty),
+        "prior_db_events_at_end": count_events(big),
+        "plain": plain_figures(samples["plain"]),
+    }
+    for mode in ("process", "full"):
+        at_empty = overhead_figures(samples[f"{mode}@empty"], samples["plain"])
+        at_prior = overhead_figures(samples[f"{mode}@prior"], samples["plain"])
+        figures[mode] = {
+            "empty": at_empty,
+            "prior": at_prior,
+            "ratio_prior_over_empty": round(
+                at_prior["overhead_ms_per_step_median"] / at_empty["overhead_ms_per_step_median"],
+                3,
+            ),
+            "ratio_mean_prior_over_empty": round(
+                at_prior["overhead_ms_per_step_mean"] / at_empty["overhead_ms_per_step_mean"], 3
+            ),
+        }
+    return figures
+
+
+# -- part 4: where the time goes -------------------------------------------------------------
+
+
+STORE_METHODS = ("create_run", "commit", "get_run", "load_log", "side_effect", "key_claim")
+
+
+class _CountingConnection:
+    """Stands in for the store's sqlite3 connection and counts the statements it is handed."""
+
+    def __init__(self, conn: sqlite3.Connection, issued: Counter[str]) -> None:
+        self._real = conn
+        self._issued = issued
+
+    def execute(self, sql: str, *params: Any) -> sqlite3.Cursor:
+        self._issued[_statement_kind(sql)] += 1
+        return self._real.execute(sql, *params)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def census(
+    work: Path, label: str, durability: str, tool_mode: str | None, runs: int
+) -> dict[str, Any]:
+    """Store calls, transactions, SQL statements and WAL bytes per W40 run, and the share of a
+    run's wall time spent inside the store (timed by wrappers, not by a profiler)."""
+    outbox = Outbox(work / f"census_{label}.txt")
+    db = work / f"census_{label}.db"
+    rt = make_runtime(db, durability, outbox, tool_mode)
+    store: Any = rt.store
+    calls: Counter[str] = Counter()
+    issued: Counter[str] = Counter()
+    store_ns = 0
+
+    def counted(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            nonlocal store_ns
+            calls[name] += 1
+            if name == "commit" and getattr(args[0], "durable", False):
+                calls["commit(durable=True)"] += 1
+            t0 = time.perf_counter_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                store_ns += time.perf_counter_ns() - t0
+
+        return wrapper
+
+    try:
+        rt.start(w40, {"topic": TOPIC})  # warm-up, uncounted
+        for name in STORE_METHODS:
+            setattr(store, name, counted(name, getattr(store, name)))
+        conn_attr = next(
+            (k for k, v in vars(store).items() if isinstance(v, sqlite3.Connection)), None
+        )
+        if conn_attr is not None:
+            setattr(store, conn_attr, _CountingConnection(getattr(store, conn_attr), issued))
+        wal = Path(f"{db}-wal")
+        side = sqlite3.connect(db)
+        try:
+            side.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            page_size = int(side.execute("PRAGMA page_size").fetchone()[0])
+        finally:
+            side.close()
+        wal_before = wal.stat().st_size if wal.exists() else 0
+        run_ns = 0
+        t0 = time.perf_counter_ns()
+        rt.start(w40, {"topic": TOPIC})
+        run_ns += time.perf_counter_ns() - t0
+        wal_bytes = (wal.stat().st_size if wal.exists() else 0) - wal_before
+        for _ in range(runs - 1):
+            t0 = time.perf_counter_ns()
+            rt.start(w40, {"topic": TOPIC})
+            run_ns += time.perf_counter_ns() - t0
+    finally:
+        rt.close()
+    fsync_commits = calls["create_run"] + calls["commit(durable=True)"]
+    return {
+        "durability": durability,
+        "tool_mode": tool_mode or "AT_MOST_ONCE",
+        "runs": runs,
+        "store_calls_per_run": {k: round(v / runs, 2) for k, v in sorted(calls.items())},
+        "transactions_per_run": round((calls["create_run"] + calls["commit"]) / runs, 2),
+        "durable_commits_per_run": round(fsync_commits / runs, 2) if durability == "full" else 0,
+        "sql_statements_per_run": round(sum(issued.values()) / runs, 2),
+        "sql_statements_by_kind": {k: round(v / runs, 2) for k, v in issued.most_common()},
+        "wal_bytes_per_run": wal_bytes,
+        "wal_frames_per_run": round(wal_bytes / (page_size + 24), 1),
+        "run_ms_mean": round(run_ns / runs / 1e6, 4),
+        "store_ms_per_run": round(store_ns / runs / 1e6, 4),
+        "store_share_of_run": round(store_ns / run_ns, 3),
+    }
+
+
+def _statement_kind(sql: str) -> str:
+    text = " ".join(sql.split())
+    if text.startswith("--"):
+        return "trigger body"
+    upper = text.upper()
+    if upper.startswith("PRAGMA"):
+        return text
+    for prefix in ("BEGIN", "COMMIT", "ROLLBACK"):
+        if upper.startswith(prefix):
+            return prefix
+    words = upper.split()
+    if words[0] == "INSERT":
+        return f"INSERT {words[2]}"
+    if words[0] == "UPDATE":
+        return f"UPDATE {words[1]}"
+    if words[0] == "DELETE":
+        return f"DELETE {words[2]}"
+    if words[0] == "SELECT":
+        return f"SELECT .. FROM {words[words.index('FROM') + 1]}" if "FROM" in words else "SELECT"
+    return words[0]
+
+
+def profile_execution(work: Path, plan: Plan) -> dict[str, Any]:
+    """cProfile of W40 runs in process mode: where an executed step's time goes."""
+    outbox = Outbox(work / "profile.txt")
+    rt = make_runtime(work / "profile.db", "process", outbox)
+    prof = cProfile.Profile()
+    try:
+        for _ in range(plan.warmup):
+            rt.start(w40, {"topic": TOPIC})
+        prof.enable()
+        for _ in range(plan.profile_runs):
+            rt.start(w40, {"topic": TOPIC})
+        prof.disable()
+    finally:
+        rt.close()
+    return {"durability": "process", **profile_figures(prof, plan.profile_runs)}
+
+
+def profile_resume(work: Path, plan: Plan) -> dict[str, Any]:
+    """cProfile of resume on a fresh Runtime (process mode), all 41 steps served from the log."""
+    outbox = Outbox(work / "profile_resume.txt")
+    db = work / "profile_resume.db"
+    pending = []
+    for _ in range(plan.profile_runs):
+        run_id = uuid.uuid4().hex
+        doomed = make_runtime(db, "process", outbox)
+        try:
+            with CrashAt(BEFORE_RUN_COMPLETED):
+                doomed.start(w40, {"topic": TOPIC}, run_id=run_id)
+        except ProcessDeath:
+            pending.append(run_id)
+        finally:
+            doomed.close()
+    fresh = [make_runtime(db, "process", outbox) for _ in pending]
+    prof = cProfile.Profile()
+    try:
+        prof.enable()
+        for rt, run_id in zip(fresh, pending, strict=True):
+            rt.resume(run_id)
+        prof.disable()
+    finally:
+        for rt in fresh:
+            rt.close()
+    return {"durability": "process", **profile_figures(prof, len(pending))}
+
+
+def profile_figures(prof: cProfile.Profile, runs: int) -> dict[str, Any]:
+    stats = pstats.Stats(prof)
+    raw: dict[tuple[str, int, str], tuple[int, int, float, float, Any]]
+    raw = stats.stats  # type: ignore[attr-defined]
+    steps = runs * STEPS
+    total_s = sum(tt for (_, _, tt, _, _) in raw.values())
+    rows: list[tuple[float, float, int, str]] = []
+    areas: dict[str, float] = {}
+    for (filename, line, func), (_cc, ncalls, tt, ct, _callers) in raw.items():
+        rows.append((tt, ct, ncalls, _profile_label(filename, line, func)))
+        area = _profile_area(filename, func)
+        areas[area] = areas.get(area, 0.0) + tt
+    rows.sort(reverse=True)
+    by_cum = sorted(
+        (r for r in rows if r[3].startswith("durabl/")), key=lambda r: r[1], reverse=True
+    )
+
+    def entry(r: tuple[float, float, int, str]) -> dict[str, Any]:
+        tt, ct, ncalls, label = r
+        return {
+            "function": label,
+            "calls_per_step": round(ncalls / steps, 3),
+            "self_us_per_step": round(tt / steps * 1e6, 2),
+            "cumulative_us_per_step": round(ct / steps * 1e6, 2),
+        }
+
+    return {
+        "runs": runs,
+        "steps": steps,
+        "profiled_us_per_step": round(total_s / steps * 1e6, 2),
+        "by_area_us_per_step": {
+            area: round(tt / steps * 1e6, 2)
+            for area, tt in sorted(areas.items(), key=lambda kv: kv[1], reverse=True)[:12]
+        },
+        "top_self": [entry(r) for r in rows[:20]],
+        "top_cumulative_durabl": [entry(r) for r in by_cum[:20]],
+    }
+
+
+def _profile_label(filename: str, line: int, func: str) -> str:
+    if filename == "~":
+        return func
+    path = Path(filename)
+    parts = path.parts
+    if "durabl" in parts:
+        short = "/".join(parts[parts.index("durabl") :])
+    elif "bench" in parts:
+        short = "/".join(parts[parts.index("bench") :])
+    else:
+        short = path.name
+    return f"{short}:{line}({func})"
+
+
+def _profile_area(filename: str, func: str) -> str:
+    if filename == "~":
+        if "sqlite3" in func:
+            return "sqlite3 (C: " + func.split("'")[1] + ")" if "'" in func else "sqlite3 (C)"
+        if "json" in func or "encode" in func or "decode" in func:
+            return "json (C)"
+        return "other builtins"
+    parts = Path(filename).parts
+    if "durabl" in parts:
+        return "/".join(parts[parts.index("durabl") :])
+    if "bench" in parts:
+        return "benchmark workload (llm stub, tool, workflow body)"
+    return f"stdlib {Path(filename).name}"
+
+
+# -- machine and environment ----------------------------------------------------------------
+
+
+def filesystem_of(path: Path) -> str:
+    """The type of the filesystem holding ``path`` (from /proc/mounts), or 'unknown'."""
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return "unknown"
+    real = os.path.realpath(path)
+    best, fstype = "", "unknown"
+    for line in mounts:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, fstype = point, fields[2]
+    return fstype
+
+
+def scratch_dir(requested: str | None) -> Path:
+    """A fresh temporary directory on a real disk."""
+    candidates = [Path(requested)] if requested else [Path(tempfile.gettempdir()), REPO / "bench"]
+    for base in candidates:
+        base.mkdir(parents=True, exist_ok=True)
+        fstype = filesystem_of(base)
+        if fstype in RAM_FILESYSTEMS:
+            if requested:
+                raise SystemExit(f"--tmp-dir {base} is on {fstype}; fsync would not be real")
+            continue
+        return Path(tempfile.mkdtemp(prefix="w40-", dir=base))
+    raise SystemExit("no directory on a real disk found; pass --tmp-dir")
+
+
+def sync_latency(work: Path, samples: int) -> dict[str, Any]:
+    """What one fsync / fdatasync of a 4 KiB append costs on this disk: the price of each commit
+    that full durability makes durable (SQLite syncs its WAL with fdatasync on Linux)."""
+    path = work / "sync-probe"
+    figures: dict[str, Any] = {}
+    calls = [("fsync", os.fsync)]
+    if hasattr(os, "fdatasync"):
+        calls.append(("fdatasync", os.fdatasync))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        for name, sync in calls:
+            times: list[float] = []
+            for _ in range(samples):
+                os.write(fd, b"x" * 4096)
+                t0 = time.perf_counter_ns()
+                sync(fd)
+                times.append((time.perf_counter_ns() - t0) / 1e3)
+            figures[f"{name}_us_median"] = round(statistics.median(times), 1)
+            figures[f"{name}_us_p95"] = round(percentile(times, 95), 1)
+    finally:
+        os.close(fd)
+        path.unlink()
+    figures.setdefault("fdatasync_us_median", figures["fsync_us_median"])
+    figures.setdefault("fdatasync_us_p95", figures["fsync_us_p95"])
+    return figures
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "src"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() + ("+dirty-src" if dirty.stdout.strip() else "")
+
+
+def machine_info(work: Path, plan: Plan) -> dict[str, Any]:
+    return {
+        "cpu_count": os.cpu_count(),
+        "python_version": platform.python_version(),
+        "python_implementation": platform.python_implementation(),
+        "sqlite_version": sqlite3.sqlite_version,
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "durabl_version": durabl.__version__,
+        "git_commit": git_commit(),
+        "scratch_dir": str(work),
+        "scratch_filesystem": filesystem_of(work),
+        **sync_latency(work, plan.fsync_samples),
+    }
+
+
+# -- the report -----------------------------------------------------------------------------
+
+
+def assess(report: dict[str, Any]) -> dict[str, Any]:
+    o, r, s = report["overhead"], report["replay"], report["scaling"]
+    # The mean ratio: process-mode run times are bimodal (a WAL checkpoint lands in roughly
+    # every other run), which makes the ratio of two medians jump between invocations.
+    worst_ratio = max(
+        s["process"]["ratio_mean_prior_over_empty"], s["full"]["ratio_mean_prior_over_empty"]
+    )
+    checks = {
+        "full_overhead_ms_per_step_median": o["full"]["overhead_ms_per_step_median"],
+        "process_overhead_ms_per_step_median": o["process"]["overhead_ms_per_step_median"],
+        "replay_us_per_served_step_median": max(
+            r["dry_replay"]["us_per_served_step_median"],
+            r["resume_process"]["us_per_served_step_median"],
+        ),
+        "scaling_ratio_100k_over_empty": worst_ratio,
+    }
+    return {
+        name: {"target": TARGETS[name], "measured": value, "met": value <= TARGETS[name]}
+        for name, value in checks.items()
+    }
+
+
+def render(report: dict[str, Any]) -> str:
+    m, o, p = report["machine"], report["overhead"], report["plain_loop"]
+    r, s = report["replay"], report["scaling"]
+    lines = [
+        f"W40 ({STEPS} steps: 1 ModelCall + {TOOL_CALLS} ToolCalls)"
+        f"{'  [QUICK: smoke figures only]' if report['quick'] else ''}",
+        f"  {m['platform']}, {m['cpu_count']} CPUs, Python {m['python_version']}, "
+        f"SQLite {m['sqlite_version']}, durabl {m['durabl_version']} ({m['git_commit']})",
+        f"  scratch: {m['scratch_dir']} ({m['scratch_filesystem']}); 4 KiB append + fsync "
+        f"{m['fsync_us_median']} us, + fdatasync {m['fdatasync_us_median']} us (medians)",
+        "",
+        f"Per-step overhead over the plain loop ({p['reps']} interleaved reps each; "
+        f"sync floor = durable commits x fdatasync / {STEPS})",
+        f"  {'configuration':<34}{'median ms':>10}{'p95 ms':>10}{'mean ms':>10}"
+        f"{'run ms':>9}{'fsyncs':>8}{'floor ms':>10}",
+    ]
+    for label, f in o.items():
+        name = f"{label} ({f['durability']}, {f['tool_mode']})"
+        lines.append(
+            f"  {name:<34}{f['overhead_ms_per_step_median']:>10.4f}"
+            f"{f['overhead_ms_per_step_p95']:>10.4f}{f['overhead_ms_per_step_mean']:>10.4f}"
+            f"{f['run_ms_median']:>9.3f}"
+            f"{f['durable_commits_per_run']:>8g}{f['sync_floor_ms_per_step']:>10.4f}"
+        )
+    lines += [
+        f"  {'plain loop (us per step)':<34}{p['us_per_step_median']:>10.3f}"
+        f"{p['us_per_step_p95']:>10.3f}{'':>10}{p['run_ms_median']:>9.3f}",
+        "",
+        f"Replay cost per served step ({STEPS} served steps per call, nothing subtracted)",
+        f"  {'operation':<34}{'median us':>10}{'p95 us':>10}{'call ms':>10}",
+    ]
+    for label, f in r.items():
+        lines.append(
+            f"  {label:<34}{f['us_per_served_step_median']:>10.2f}"
+            f"{f['us_per_served_step_p95']:>10.2f}{f['call_ms_median']:>10.3f}"
+        )
+    lines += [
+        "",
+        f"Scaling: per-step overhead, empty db vs {s['prior_events']} prior events "
+        f"({s['populate_runs']} runs, populated in {s['populate_s']} s)",
+        f"  {'':<10}{'--- empty db (ms/step) ---':>29}{'--- prior events (ms/step) ---':>32}"
+        f"{'ratio':>8}{'ratio':>7}",
+        f"  {'mode':<10}{'median':>10}{'p95':>9}{'mean':>10}{'median':>11}{'p95':>9}{'mean':>12}"
+        f"{'median':>8}{'mean':>7}",
+    ]
+    for mode in ("process", "full"):
+        f = s[mode]
+        e, q = f["empty"], f["prior"]
+        lines.append(
+            f"  {mode:<10}{e['overhead_ms_per_step_median']:>10.4f}"
+            f"{e['overhead_ms_per_step_p95']:>9.4f}{e['overhead_ms_per_step_mean']:>10.4f}"
+            f"{q['overhead_ms_per_step_median']:>11.4f}"
+            f"{q['overhead_ms_per_step_p95']:>9.4f}{q['overhead_ms_per_step_mean']:>12.4f}"
+            f"{f['ratio_prior_over_empty']:>8.3f}{f['ratio_mean_prior_over_empty']:>7.3f}"
+        )
+    lines += ["", "Store work per run (census)"]
+    for label, c in report["census"].items():
+        lines.append(
+            f"  {label:<16} {c['transactions_per_run']:g} transactions, "
+            f"{c['durable_commits_per_run']:g} fsync commits, "
+            f"{c['sql_statements_per_run']:g} SQL statements, "
+            f"{c['wal_bytes_per_run'] / 1024:.0f} KiB WAL ({c['wal_frames_per_run']:g} frames); "
+            f"{c['store_share_of_run'] * 100:.0f}% of wall time in the store"
+        )
+    for kind, prof in report["profile"].items():
+        lines += [
+            "",
+            f"Profile of {kind} (process mode, {prof['runs']} runs, "
+            f"{prof['profiled_us_per_step']} us/step under cProfile): self time, us per step",
+        ]
+        for area, us in list(prof["by_area_us_per_step"].items())[:8]:
+            lines.append(f"  {us:>8.2f}  {area}")
+    lines += ["", "Targets (reported, not asserted)"]
+    for name, t in report["targets"].items():
+        verdict = "met" if t["met"] else "NOT met"
+        lines.append(
+            f"  {name:<38} target <= {t['target']:<6} measured {t['measured']:<8} {verdict}"
+        )
+    return "\n".join(lines)
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.w40", description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--out",
+        default=str(REPO / "bench" / "results" / "w40.json"),
+        help="where to write the JSON figures",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a few repetitions of everything: exercises the code, figures are noise",
+    )
+    parser.add_argument("--tmp-dir", help="directory (on a real disk) for the scratch databases")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch databases")
+    args = parser.parse_args(argv)
+
+    plan = QUICK if args.quick else FULL
+    started = time.perf_counter()
+    work = scratch_dir(args.tmp_dir)
+    try:
+        report: dict[str, Any] = {
+            "benchmark": "W40",
+            "schema": SCHEMA,
+            "timestamp": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            "quick": bool(args.quick),
+            "machine": machine_info(work, plan),
+            "workload": {
+                "steps": STEPS,
+                "model_calls": 1,
+                "tool_calls": TOOL_CALLS,
+                "tool_result_bytes": len(
+                    json.dumps(Outbox(work / "probe.txt")(0, TOPIC), separators=(",", ":"))
+                ),
+            },
+            "repetitions": {
+                "warmup": plan.warmup,
+                "overhead": plan.overhead_reps,
+                "dry_replay": plan.replay_reps,
+                "resume": plan.resume_reps,
+                "scaling": plan.scaling_reps,
+                "profile_runs": plan.profile_runs,
+                "census_runs": plan.census_runs,
+            },
+        }
+        raw: dict[str, Any] = {}
+        report["overhead"], report["plain_loop"] = measure_overhead(work, plan, raw)
+        report["replay"] = measure_replay(work, plan)
+        report["scaling"] = measure_scaling(work, plan, raw)
+        _say("[4/5] census of store work per run")
+        report["census"] = {
+            label: census(
+                work,
+                label,
+                f["durability"],
+                None if f["tool_mode"] == "AT_MOST_ONCE" else f["tool_mode"],
+                plan.census_runs,
+            )
+            for label, f in report["overhead"].items()
+        }
+        sync_us = report["machine"]["fdatasync_us_median"]
+        for label, f in report["overhead"].items():
+            durable = report["census"][label]["durable_commits_per_run"]
+            f["durable_commits_per_run"] = durable
+            f["sync_floor_ms_per_step"] = round(durable * sync_us / STEPS / 1e3, 4)
+        _say("[5/5] profiles (process mode): executing runs, resuming runs")
+        report["profile"] = {
+            "execute": profile_execution(work, plan),
+            "resume": profile_resume(work, plan),
+        }
+        report["targets"] = assess(report)
+        report["raw_run_us"] = raw
+        report["elapsed_s"] = round(time.perf_counter() - started, 1)
+    finally:
+        if args.keep:
+            _say(f"scratch databases kept in {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, out)
+    print(render(report))
+    print(f"\nwrote {out} in {report['elapsed_s']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

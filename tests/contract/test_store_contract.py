@@ -1,0 +1,830 @@
+"""The Store contract: one suite that every backend must pass unchanged.
+
+``TestStoreContract`` exercises each method of ``durabl.store.base.Store`` as its docstring
+states it, against every entry of ``BACKENDS``. To add a backend (PostgreSQL), write a
+``Backend`` for it (how to open a fresh store, open the same database again, attach a second
+handle, damage one stored event behind the store's back, and build a value that kills the process
+while the backend writes it) and append it to ``BACKENDS``; nothing else changes.
+
+``TestSQLiteFile`` holds what only a file can get wrong: versions, foreign, truncated and
+non-SQLite files, and the triggers that keep the log's invariants inside the database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sqlite3
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from durabl import ProcessDeath, SchemaVersionError, StorageError, codec, events
+from durabl.events import Event
+from durabl.store import Commit, KeyClaim, RunRow, SideEffect, SQLiteStore, Store
+from durabl.store.base import UNCHANGED
+from durabl.store.sqlite import APPLICATION_ID, SCHEMA_VERSION
+
+T0_S = 1_700_000_000.0
+
+# -- backends --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Backend:
+    """How the contract suite reaches one kind of database."""
+
+    name: str
+    open: Callable[[Path], Store]
+    """A store on a fresh, empty database that lives under the given directory."""
+    reopen: Callable[[Store], Store]
+    """Close the store and open the same database again."""
+    attach: Callable[[Store], Store]
+    """A second, independent handle on the same database (another process, in effect)."""
+    damage_event: Callable[[Store, str, int, str, Any], Store]
+    """Close the store, overwrite one column of one stored event on a copy of the database
+    (bypassing every guard), and return a store open on the damaged copy."""
+    dying_text: Callable[[str], str]
+    """A text value that raises ``ProcessDeath`` at the moment the backend writes it."""
+
+
+class _DiesWhenBound(str):
+    """sqlite3 asks a str subclass to adapt itself when it binds it as a parameter: that is the
+    instant a statement is written, so raising there is a death in the middle of a transaction."""
+
+    def __conform__(self, protocol: object) -> object:
+        raise ProcessDeath("mid-transaction")
+
+
+def _sqlite(durability: str) -> Backend:
+    def open_(directory: Path) -> Store:
+        return SQLiteStore(directory / "durabl.db", durability=durability)
+
+    def reopen(store: Store) -> Store:
+        store.close()
+        return SQLiteStore(store.path, durability=durability)
+
+    def attach(store: Store) -> Store:
+        return SQLiteStore(store.path, durability=durability)
+
+    def damage_event(store: Store, run_id: str, seq: int, column: str, value: Any) -> Store:
+        store.close()
+        copy = Path(store.path).with_name("damaged.db")
+        shutil.copyfile(store.path, copy)
+        with contextlib.closing(sqlite3.connect(copy)) as conn:
+            conn.execute("DROP TRIGGER events_append_only")
+            changed = conn.execute(
+                f"UPDATE events SET {column} = ? WHERE run_id = ? AND seq = ?",
+                (value, run_id, seq),
+            ).rowcount
+            conn.commit()
+        assert changed == 1, "the event to damage must be in the closed database file"
+        return SQLiteStore(copy, durability=durability)
+
+    return Backend(f"sqlite-{durability}", open_, reopen, attach, damage_event, _DiesWhenBound)
+
+
+BACKENDS = [_sqlite("full"), _sqlite("process")]
+
+
+# -- building blocks -------------------------------------------------------------------------
+
+
+def run_row(
+    run_id: str,
+    *,
+    workflow: str = "research_agent",
+    created_s: float = T0_S,
+    status: str = events.RUNNING,
+) -> RunRow:
+    return RunRow(
+        run_id, workflow, '{"topic":"otters"}', status, None, None, created_s, created_s, None, 0
+    )
+
+
+def run_started(run_id: str, at_s: float = T0_S, data: str | None = None) -> Event:
+    text = data if data is not None else codec.encode({"workflow": "research_agent", "run": run_id})
+    return Event(1, events.RUN_STARTED, 0, None, text, at_s)
+
+
+def event(
+    seq: int, kind: str = events.STEP_STARTED, step: int = 1, data: str | None = None
+) -> Event:
+    fp = "0f" * 10 if kind == events.STEP_STARTED else None
+    text = data if data is not None else codec.encode({"seq": seq})
+    return Event(seq, kind, step, fp, text, T0_S + seq)
+
+
+def effect(
+    key: str, run_id: str = "run-1", step: int = 1, result: str | None = '"ok"'
+) -> SideEffect:
+    return SideEffect(key, run_id, step, "send_email", "ab" * 10, result, None, T0_S + 50)
+
+
+def claim(key: str, run_id: str = "run-1", step: int = 1) -> KeyClaim:
+    return KeyClaim(key, run_id, step, "send_email", "ab" * 10)
+
+
+def row_of(store: Store, run_id: str) -> RunRow:
+    found = store.get_run(run_id)
+    assert found is not None, f"run {run_id} should exist"
+    return found
+
+
+def state_of(store: Store, run_id: str, keys: tuple[str, ...] = ()) -> tuple[Any, ...]:
+    """Everything a commit for ``run_id`` could have touched."""
+    return (
+        store.get_run(run_id),
+        store.load_log(run_id),
+        [store.side_effect(key) for key in keys],
+        [store.key_claim(key) for key in keys],
+        store.due_runs(float("inf")),
+    )
+
+
+# -- the contract ----------------------------------------------------------------------------
+
+
+@pytest.fixture(params=BACKENDS, ids=lambda backend: backend.name)
+def backend(request: pytest.FixtureRequest) -> Backend:
+    return request.param
+
+
+@pytest.fixture
+def opened() -> Iterator[list[Store]]:
+    """Every store a test opens; all closed at teardown."""
+    stores: list[Store] = []
+    yield stores
+    for store in stores:
+        store.close()
+
+
+@pytest.fixture
+def store(backend: Backend, tmp_path: Path, opened: list[Store]) -> Store:
+    fresh = backend.open(tmp_path)
+    opened.append(fresh)
+    return fresh
+
+
+def new_run(store: Store, run_id: str = "run-1", **row: Any) -> RunRow:
+    created = run_row(run_id, **row)
+    assert store.create_run(created, run_started(run_id, created.created_s)) is None
+    return created
+
+
+class TestStoreContract:
+    # -- create_run ------------------------------------------------------------------------
+
+    def test_create_run_writes_the_row_and_its_first_event(self, store: Store) -> None:
+        row = new_run(store)
+        assert store.get_run("run-1") == row
+        assert store.load_log("run-1") == [run_started("run-1")]
+
+    def test_create_run_again_changes_nothing_and_returns_the_existing_row(
+        self, store: Store
+    ) -> None:
+        row = new_run(store)
+        other = replace(row, workflow="other", input_text="[]", created_s=T0_S + 99)
+        assert store.create_run(other, run_started("run-1", T0_S + 99, '"other"')) == row
+        assert store.get_run("run-1") == row
+        assert store.load_log("run-1") == [run_started("run-1")]
+
+    def test_create_run_returns_the_row_as_it_is_now(self, store: Store) -> None:
+        row = new_run(store)
+        store.commit(Commit("run-1", [event(2)], status=events.SLEEPING, at_s=T0_S + 5))
+        found = store.create_run(row, run_started("run-1"))
+        assert found is not None
+        assert found.status == events.SLEEPING
+        assert found == store.get_run("run-1")
+
+    def test_create_run_whose_first_event_is_not_seq_1_leaves_nothing(self, store: Store) -> None:
+        with pytest.raises(StorageError):
+            store.create_run(run_row("run-1"), run_started("run-1")._replace(seq=2))
+        assert store.get_run("run-1") is None
+        assert store.load_log("run-1") == []
+        new_run(store)
+
+    def test_a_death_inside_create_run_leaves_nothing(self, store: Store, backend: Backend) -> None:
+        dying = run_started("run-1", data=backend.dying_text('{"workflow":"research_agent"}'))
+        with pytest.raises(ProcessDeath):
+            store.create_run(run_row("run-1"), dying)
+        assert store.get_run("run-1") is None
+        assert store.load_log("run-1") == []
+        new_run(store)
+        assert len(store.load_log("run-1")) == 1
+
+    def test_runs_are_independent_logs(self, store: Store) -> None:
+        new_run(store, "run-1")
+        new_run(store, "run-2")
+        store.commit(Commit("run-1", [event(2), event(3)]))
+        store.commit(Commit("run-2", [event(2)]))
+        assert [e.seq for e in store.load_log("run-1")] == [1, 2, 3]
+        assert [e.seq for e in store.load_log("run-2")] == [1, 2]
+
+    def test_an_unknown_run_has_no_row_and_no_log(self, store: Store) -> None:
+        assert store.get_run("nope") is None
+        assert store.load_log("nope") == []
+
+    # -- commit: events and the run row ----------------------------------------------------
+
+    def test_commit_appends_its_events_and_updates_the_run(self, store: Store) -> None:
+        row = new_run(store)
+        appended = [event(2), event(3, events.TOOL_DISPATCHED, data=None)]
+        store.commit(
+            Commit(
+                "run-1",
+                appended,
+                status=events.SLEEPING,
+                result_text='{"answer":42}',
+                error="TimeoutError: slow",
+                wake_at_s=T0_S + 60,
+                at_s=T0_S + 7,
+            )
+        )
+        assert store.load_log("run-1") == [run_started("run-1"), *appended]
+        assert store.get_run("run-1") == replace(
+            row,
+            status=events.SLEEPING,
+            result_text='{"answer":42}',
+            error="TimeoutError: slow",
+            wake_at_s=T0_S + 60,
+            updated_s=T0_S + 7,
+        )
+
+    def test_a_commit_without_events_only_updates_the_run(self, store: Store) -> None:
+        new_run(store)
+        store.commit(Commit("run-1", [], status=events.HELD, error="held", at_s=T0_S + 3))
+        found = row_of(store, "run-1")
+        assert (found.status, found.error, found.updated_s) == (events.HELD, "held", T0_S + 3)
+        assert len(store.load_log("run-1")) == 1
+
+    def test_fields_left_as_none_keep_their_value(self, store: Store) -> None:
+        new_run(store)
+        store.commit(
+            Commit("run-1", [event(2)], status=events.FAILED, result_text='"r"', error="e")
+        )
+        store.commit(Commit("run-1", [event(3)]))
+        found = row_of(store, "run-1")
+        assert (found.status, found.result_text, found.error) == (events.FAILED, '"r"', "e")
+
+    def test_clear_error_clears_it_and_a_new_error_replaces_it(self, store: Store) -> None:
+        new_run(store)
+        store.commit(Commit("run-1", [], status=events.HELD, error="first"))
+        store.commit(Commit("run-1", [], error="second"))
+        assert row_of(store, "run-1").error == "second"
+        store.commit(Commit("run-1", [], status=events.RUNNING, clear_error=True))
+        assert row_of(store, "run-1").error is None
+        store.commit(Commit("run-1", [], error="third", clear_error=True))
+        assert row_of(store, "run-1").error == "third"
+
+    @pytest.mark.parametrize("durable", [False, True], ids=["plain", "durable"])
+    def test_a_commit_is_visible_to_the_next_reader(self, store: Store, durable: bool) -> None:
+        new_run(store)
+        store.commit(Commit("run-1", [event(2)], status=events.COMPLETED, durable=durable))
+        assert [e.seq for e in store.load_log("run-1")] == [1, 2]
+        assert row_of(store, "run-1").status == events.COMPLETED
+
+    def test_events_read_back_exactly_as_written(self, store: Store) -> None:
+        new_run(store)
+        written = [
+            Event(
+                2,
+                events.STEP_STARTED,
+                3,
+                "9a" * 10,
+                '["tool","search",{"q":"naïve ☃"},null]',
+                T0_S + 0.1 + 0.2,
+            ),
+            Event(3, events.TOOL_DISPATCHED, 3, None, None, 1e-3),
+            Event(4, events.STEP_COMPLETED, 3, None, '"\\u0000 and \\u001f"', 2.0**53),
+        ]
+        store.commit(Commit("run-1", written))
+        assert store.load_log("run-1")[1:] == written
+
+    def test_an_event_timed_in_whole_seconds_reads_back(self, store: Store) -> None:
+        """A clock may return an int; the event must verify when it is read back."""
+        new_run(store)
+        store.commit(Commit("run-1", [Event(2, events.STEP_STARTED, 1, None, "{}", 1_700_000_123)]))
+        (read,) = store.load_log("run-1", after_seq=1)
+        assert read.at_s == 1_700_000_123
+
+    # -- commit: the gapless rule ----------------------------------------------------------
+
+    @pytest.mark.parametrize(
+        "seqs",
+        [[3], [2, 4], [1], [2, 2], [0]],
+        ids=["gap", "gap-inside", "duplicate-first", "duplicate-inside", "zero"],
+    )
+    def test_events_that_do_not_extend_the_log_by_one_are_refused(
+        self, store: Store, seqs: list[int]
+    ) -> None:
+        new_run(store)
+        before = state_of(store, "run-1")
+        with pytest.raises(StorageError, match="seq"):
+            store.commit(Commit("run-1", [event(s) for s in seqs], status=events.FAILED))
+        assert state_of(store, "run-1") == before
+
+    @pytest.mark.parametrize("second_seq", [5, 3], ids=["gap", "duplicate"])
+    def test_a_commit_refused_at_its_second_event_leaves_nothing_behind(
+        self, store: Store, second_seq: int
+    ) -> None:
+        new_run(store)
+        store.commit(Commit("run-1", [event(2)], claim=claim("old-key")))
+        keys = ("new-key", "old-key")
+        before = state_of(store, "run-1", keys)
+        with pytest.raises(StorageError):
+            store.commit(
+                Commit(
+                    "run-1",
+                    [event(3, events.STEP_COMPLETED), event(second_seq)],
+                    status=events.COMPLETED,
+                    result_text='"done"',
+                    error="should not land",
+                    wake_at_s=T0_S + 1,
+                    side_effect=effect("new-key"),
+                    claim=claim("new-key"),
+                    release_claim="old-key",
+                    durable=True,
+                    at_s=T0_S + 9,
+                )
+            )
+        assert state_of(store, "run-1", keys) == before
+        store.commit(Commit("run-1", [event(3)]))
+        assert [e.seq for e in store.load_log("run-1")] == [1, 2, 3]
+
+    def test_a_death_in_the_middle_of_a_commit_leaves_nothing_behind(
+        self, store: Store, backend: Backend
+    ) -> None:
+        new_run(store)
+        keys = ("k-1",)
+        before = state_of(store, "run-1", keys)
+        dying = event(3, events.STEP_COMPLETED, data=backend.dying_text('"result"'))
+        with pytest.raises(ProcessDeath):
+            store.commit(
+                Commit(
+                    "run-1",
+                    [event(2), dying],
+                    status=events.COMPLETED,
+                    wake_at_s=T0_S,
+                    side_effect=effect("k-1"),
+                    claim=claim("k-1"),
+                    durable=True,
+                )
+            )
+        assert state_of(store, "run-1", keys) == before
+        store.commit(Commit("run-1", [event(2), event(3)], status=events.SLEEPING))
+        assert [e.seq for e in store.load_log("run-1")] == [1, 2, 3]
+
+    def test_a_second_handle_with_a_stale_view_cannot_fork_the_log(
+        self, store: Store, backend: Backend, opened: list[Store]
+    ) -> None:
+        new_run(store)
+        other = backend.attach(store)
+        opened.append(other)
+        store.commit(Commit("run-1", [event(2)]))
+        with pytest.raises(StorageError):
+            other.commit(Commit("run-1", [event(2, events.STEP_FAILED)]))
+        assert other.load_log("run-1") == store.load_log("run-1")
+        assert [e.kind for e in other.load_log("run-1")] == [
+            events.RUN_STARTED,
+            events.STEP_STARTED,
+        ]
+        assert other.create_run(
+            run_row("run-1", workflow="x"), run_started("run-1")
+        ) == store.get_run("run-1")
+
+    # -- commit: side effects --------------------------------------------------------------
+
+    def test_a_side_effect_is_recorded_with_its_commit(self, store: Store) -> None:
+        new_run(store)
+        failed = replace(effect("k-2", step=2, result=None), error="ToolFailed: no")
+        store.commit(Commit("run-1", [event(2)], side_effect=effect("k-1")))
+        store.commit(Commit("run-1", [event(3)], side_effect=failed))
+        assert store.side_effect("k-1") == effect("k-1")
+        assert store.side_effect("k-2") == failed
+        assert store.side_effect("never-used") is None
+
+    def test_a_second_side_effect_for_a_key_is_refused_and_its_commit_leaves_nothing(
+        self, store: Store
+    ) -> None:
+        new_run(store)
+        new_run(store, "run-2", created_s=T0_S + 1)
+        store.commit(Commit("run-1", [event(2)], side_effect=effect("k-1")))
+        keys = ("k-1", "k-2")
+        before = [state_of(store, run, keys) for run in ("run-1", "run-2")]
+        for run_id in ("run-1", "run-2"):
+            with pytest.raises(StorageError) as caught:
+                store.commit(
+                    Commit(
+                        run_id,
+                        [event(3 if run_id == "run-1" else 2)],
+                        status=events.COMPLETED,
+                        wake_at_s=T0_S,
+                        side_effect=effect("k-1", run_id=run_id, result='"again"'),
+                        claim=claim("k-2", run_id=run_id),
+                        durable=True,
+                    )
+                )
+            assert "'k-1'" in str(caught.value)
+        assert [state_of(store, run, keys) for run in ("run-1", "run-2")] == before
+        assert store.side_effect("k-1") == effect("k-1")
+
+    # -- commit: key claims ----------------------------------------------------------------
+
+    def test_a_claim_is_set_replaced_and_released(self, store: Store) -> None:
+        new_run(store)
+        new_run(store, "run-2", created_s=T0_S + 1)
+        assert store.key_claim("k-1") is None
+        store.commit(Commit("run-1", [event(2)], claim=claim("k-1")))
+        assert store.key_claim("k-1") == claim("k-1")
+        store.commit(Commit("run-2", [event(2)], claim=claim("k-1", run_id="run-2", step=4)))
+        assert store.key_claim("k-1") == claim("k-1", run_id="run-2", step=4)
+        store.commit(Commit("run-2", [event(3)], release_claim="k-1"))
+        assert store.key_claim("k-1") is None
+
+    def test_releasing_a_key_that_has_no_claim_is_harmless(self, store: Store) -> None:
+        new_run(store)
+        store.commit(Commit("run-1", [event(2)], release_claim="never-claimed"))
+        assert len(store.load_log("run-1")) == 2
+
+    def test_an_effect_and_the_release_of_its_claim_land_together(self, store: Store) -> None:
+        new_run(store)
+        store.commit(Commit("run-1", [event(2)], claim=claim("k-1")))
+        store.commit(
+            Commit(
+                "run-1",
+                [event(3, events.STEP_COMPLETED)],
+                side_effect=effect("k-1"),
+                release_claim="k-1",
+            )
+        )
+        assert store.key_claim("k-1") is None
+        assert store.side_effect("k-1") == effect("k-1")
+
+    # -- commit: timers --------------------------------------------------------------------
+
+    def test_wake_at_is_set_kept_when_unchanged_and_cleared_with_none(self, store: Store) -> None:
+        new_run(store)
+
+        def wake() -> float | None:
+            return row_of(store, "run-1").wake_at_s
+
+        assert wake() is None
+        store.commit(Commit("run-1", [event(2)], wake_at_s=T0_S + 60))
+        assert wake() == T0_S + 60
+        store.commit(Commit("run-1", [event(3)]))
+        assert wake() == T0_S + 60
+        store.commit(Commit("run-1", [event(4)], status=events.SLEEPING, wake_at_s=UNCHANGED))
+        assert wake() == T0_S + 60
+        store.commit(Commit("run-1", [], wake_at_s=T0_S + 5))
+        assert wake() == T0_S + 5
+        store.commit(Commit("run-1", [event(5)], wake_at_s=None))
+        assert wake() is None
+
+    def test_due_runs_are_exactly_the_due_ones_earliest_first(self, store: Store) -> None:
+        wakes = {"a": T0_S + 30, "b": T0_S + 10, "c": T0_S + 20, "d": None, "e": T0_S + 40}
+        for n, (run_id, wake_at_s) in enumerate(wakes.items()):
+            new_run(store, run_id, created_s=T0_S + n)
+            if wake_at_s is not None:
+                store.commit(Commit(run_id, [], wake_at_s=wake_at_s))
+        assert store.due_runs(T0_S) == []
+        assert store.due_runs(T0_S + 10) == ["b"]
+        assert store.due_runs(T0_S + 25) == ["b", "c"]
+        assert store.due_runs(T0_S + 30) == ["b", "c", "a"]
+        assert store.due_runs(T0_S + 10_000) == ["b", "c", "a", "e"]
+        assert store.next_wake_s() == T0_S + 10
+        store.commit(Commit("b", [], wake_at_s=None))
+        assert store.due_runs(T0_S + 25) == ["c"]
+        assert store.next_wake_s() == T0_S + 20
+
+    def test_no_armed_timer_means_no_next_wake(self, store: Store) -> None:
+        assert store.next_wake_s() is None
+        new_run(store)
+        assert store.next_wake_s() is None
+        store.commit(Commit("run-1", [], wake_at_s=T0_S + 1))
+        store.commit(Commit("run-1", [], wake_at_s=None))
+        assert store.next_wake_s() is None
+        assert store.due_runs(float("inf")) == []
+
+    # -- list_runs -------------------------------------------------------------------------
+
+    def test_list_runs_is_newest_first_and_filters(self, store: Store) -> None:
+        layout = [
+            ("r1", "agent", events.COMPLETED),
+            ("r2", "agent", events.RUNNING),
+            ("r3", "digest", events.RUNNING),
+            ("r4", "agent", events.FAILED),
+            ("r5", "digest", events.SLEEPING),
+        ]
+        for n, (run_id, workflow, status) in enumerate(layout):
+            new_run(store, run_id, workflow=workflow, created_s=T0_S + n)
+            if status != events.RUNNING:
+                store.commit(Commit(run_id, [], status=status))
+
+        def ids(**filters: Any) -> list[str]:
+            return [row.run_id for row in store.list_runs(**filters)]
+
+        assert ids() == ["r5", "r4", "r3", "r2", "r1"]
+        assert ids(statuses=(events.RUNNING,)) == ["r3", "r2"]
+        assert ids(statuses=(events.RUNNING, events.SLEEPING)) == ["r5", "r3", "r2"]
+        assert ids(statuses=()) == []
+        assert ids(workflow="agent") == ["r4", "r2", "r1"]
+        assert ids(workflow="nope") == []
+        assert ids(statuses=(events.RUNNING,), workflow="digest") == ["r3"]
+        assert ids(limit=2) == ["r5", "r4"]
+        assert ids(limit=0) == []
+        assert ids(workflow="agent", limit=1) == ["r4"]
+        assert store.list_runs(limit=1) == [store.get_run("r5")]
+
+    def test_list_runs_of_an_empty_store_is_empty(self, store: Store) -> None:
+        assert store.list_runs() == []
+
+    # -- load_log --------------------------------------------------------------------------
+
+    def test_load_log_after_a_seq_returns_the_tail(self, store: Store) -> None:
+        new_run(store)
+        tail = [event(2), event(3), event(4)]
+        store.commit(Commit("run-1", tail))
+        assert store.load_log("run-1", after_seq=0) == [run_started("run-1"), *tail]
+        assert store.load_log("run-1", after_seq=2) == tail[1:]
+        assert store.load_log("run-1", after_seq=4) == []
+        assert store.load_log("run-1", after_seq=99) == []
+
+    @pytest.mark.parametrize(
+        ("column", "value"),
+        [
+            ("data", '{"forged":true}'),
+            ("kind", events.STEP_FAILED),
+            ("step", 9),
+            ("fp", "ff" * 10),
+            ("at_s", T0_S - 1),
+            ("seq", 7),
+        ],
+    )
+    def test_a_damaged_event_is_refused_on_read(
+        self, store: Store, backend: Backend, opened: list[Store], column: str, value: Any
+    ) -> None:
+        new_run(store)
+        store.commit(Commit("run-1", [event(2), event(3), event(4)]))
+        damaged = backend.damage_event(store, "run-1", 3, column, value)
+        opened.append(damaged)
+        with pytest.raises(StorageError) as caught:
+            damaged.load_log("run-1")
+        assert "run-1" in str(caught.value)
+        assert "checksum" in str(caught.value)
+        assert damaged.get_run("run-1") is not None
+
+    # -- lifetime --------------------------------------------------------------------------
+
+    def test_close_is_idempotent(self, store: Store) -> None:
+        store.close()
+        store.close()
+
+    @pytest.mark.parametrize(
+        "use",
+        [
+            lambda s: s.get_run("run-1"),
+            lambda s: s.list_runs(),
+            lambda s: s.load_log("run-1"),
+            lambda s: s.commit(Commit("run-1", [event(2)])),
+            lambda s: s.create_run(run_row("run-2"), run_started("run-2")),
+            lambda s: s.side_effect("k"),
+            lambda s: s.key_claim("k"),
+            lambda s: s.due_runs(T0_S),
+            lambda s: s.next_wake_s(),
+        ],
+        ids=[
+            "get_run",
+            "list_runs",
+            "load_log",
+            "commit",
+            "create_run",
+            "side_effect",
+            "key_claim",
+            "due_runs",
+            "next_wake_s",
+        ],
+    )
+    def test_use_after_close_is_a_storage_error(
+        self, store: Store, use: Callable[[Store], Any]
+    ) -> None:
+        new_run(store)
+        store.close()
+        with pytest.raises(StorageError, match="closed"):
+            use(store)
+
+    def test_reopening_keeps_everything(
+        self, store: Store, backend: Backend, opened: list[Store]
+    ) -> None:
+        new_run(store)
+        store.commit(
+            Commit(
+                "run-1",
+                [event(2)],
+                status=events.SLEEPING,
+                wake_at_s=T0_S + 60,
+                side_effect=effect("k-1"),
+                claim=claim("k-2"),
+                durable=True,
+            )
+        )
+        before = state_of(store, "run-1", ("k-1", "k-2"))
+        again = backend.reopen(store)
+        opened.append(again)
+        assert state_of(again, "run-1", ("k-1", "k-2")) == before
+        again.commit(Commit("run-1", [event(3)]))
+        assert [e.seq for e in again.load_log("run-1")] == [1, 2, 3]
+
+    def test_the_store_names_its_database_and_durability(
+        self, store: Store, backend: Backend
+    ) -> None:
+        assert isinstance(store.path, str) and store.path
+        assert store.durability in ("full", "process")
+        assert backend.name.endswith(store.durability)
+
+
+# -- SQLite files ----------------------------------------------------------------------------
+
+
+def _pragma(path: Path | str, name: str) -> Any:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        return conn.execute(f"PRAGMA {name}").fetchone()[0]
+
+
+def _schema(path: Path | str) -> list[tuple[str, str]]:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        return conn.execute("SELECT type, name FROM sqlite_master ORDER BY type, name").fetchall()
+
+
+def _durabl_file(path: Path, events_count: int = 2) -> None:
+    """A closed durabl database holding one run with ``events_count`` events."""
+    with contextlib.closing(SQLiteStore(path)) as store:
+        new_run(store)
+        body = codec.encode("x" * 2000)
+        store.commit(Commit("run-1", [event(seq, data=body) for seq in range(2, events_count + 1)]))
+
+
+def _foreign_file(path: Path) -> None:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY, total REAL)")
+        conn.execute("INSERT INTO invoices (total) VALUES (12.5)")
+        conn.commit()
+
+
+def _files_in(directory: Path) -> dict[str, bytes]:
+    return {entry.name: entry.read_bytes() for entry in sorted(directory.iterdir())}
+
+
+class TestSQLiteFile:
+    def test_a_new_database_is_marked_versioned_and_in_wal_mode(self, tmp_path: Path) -> None:
+        path = tmp_path / "new.db"
+        SQLiteStore(path).close()
+        assert _pragma(path, "application_id") == APPLICATION_ID
+        assert _pragma(path, "user_version") == SCHEMA_VERSION
+        assert _pragma(path, "journal_mode") == "wal"
+
+    def test_reopening_keeps_the_data_and_does_not_migrate_again(self, tmp_path: Path) -> None:
+        path = tmp_path / "agent.db"
+        _durabl_file(path, events_count=3)
+        schema = _schema(path)
+        for _ in range(3):
+            with contextlib.closing(SQLiteStore(path)) as store:
+                assert [e.seq for e in store.load_log("run-1")] == [1, 2, 3]
+        assert _schema(path) == schema
+        assert _pragma(path, "user_version") == SCHEMA_VERSION
+
+    def test_a_database_from_a_newer_durabl_is_refused_naming_both_versions(
+        self, tmp_path: Path
+    ) -> None:
+        path = tmp_path / "future.db"
+        _durabl_file(path)
+        newer = SCHEMA_VERSION + 1
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            conn.execute(f"PRAGMA user_version = {newer}")
+        with pytest.raises(SchemaVersionError) as caught:
+            SQLiteStore(path)
+        text = str(caught.value)
+        assert f"v{newer} " in text or f"v{newer}," in text
+        assert f"v{SCHEMA_VERSION}." in text or f"v{SCHEMA_VERSION} " in text
+        assert "newer" in text
+        assert isinstance(caught.value, StorageError)
+        assert _pragma(path, "user_version") == newer
+
+    def test_a_foreign_sqlite_database_is_refused_and_left_untouched(self, tmp_path: Path) -> None:
+        path = tmp_path / "billing.db"
+        _foreign_file(path)
+        before = _files_in(tmp_path)
+        with pytest.raises(StorageError, match="not a durabl database"):
+            SQLiteStore(path)
+        assert _files_in(tmp_path) == before
+
+    def test_a_foreign_database_with_only_a_user_version_is_refused(self, tmp_path: Path) -> None:
+        path = tmp_path / "versioned.db"
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            conn.execute("PRAGMA user_version = 7")
+        with pytest.raises(StorageError, match="not a durabl database"):
+            SQLiteStore(path)
+
+    @pytest.mark.parametrize(
+        "content",
+        [b"name,total\nalice,12.5\n" * 20, b"\x00" * 4096, b"SQLite"],
+        ids=["csv", "zeros", "short"],
+    )
+    def test_a_file_that_is_not_sqlite_is_refused_and_left_untouched(
+        self, tmp_path: Path, content: bytes
+    ) -> None:
+        path = tmp_path / "notes.db"
+        path.write_bytes(content)
+        with pytest.raises(StorageError, match="not a durabl database"):
+            SQLiteStore(path)
+        assert _files_in(tmp_path) == {"notes.db": content}
+
+    def test_a_truncated_database_is_refused_as_truncated(self, tmp_path: Path) -> None:
+        path = tmp_path / "cut.db"
+        _durabl_file(path, events_count=40)
+        size = path.stat().st_size
+        page = int.from_bytes(path.read_bytes()[16:18], "big")
+        with open(path, "r+b") as handle:
+            handle.truncate(size // 2 // page * page)
+        with pytest.raises(StorageError, match="truncated"):
+            SQLiteStore(path)
+
+    def test_a_directory_is_refused(self, tmp_path: Path) -> None:
+        with pytest.raises(StorageError, match="directory"):
+            SQLiteStore(tmp_path)
+
+    def test_a_path_in_a_missing_directory_is_refused(self, tmp_path: Path) -> None:
+        with pytest.raises(StorageError, match="does not exist"):
+            SQLiteStore(tmp_path / "no" / "such" / "dir" / "agent.db")
+        assert not (tmp_path / "no").exists()
+
+    def test_an_unknown_durability_is_refused(self, tmp_path: Path) -> None:
+        with pytest.raises(ValueError, match="'full', 'process'"):
+            SQLiteStore(tmp_path / "a.db", durability="paranoid")
+        assert not (tmp_path / "a.db").exists()
+
+    def test_a_read_only_store_reads_and_refuses_to_write(self, tmp_path: Path) -> None:
+        path = tmp_path / "agent.db"
+        _durabl_file(path)
+        with contextlib.closing(SQLiteStore(path, read_only=True)) as reader:
+            assert [e.seq for e in reader.load_log("run-1")] == [1, 2]
+            with pytest.raises(StorageError):
+                reader.commit(Commit("run-1", [event(3)], status=events.FAILED))
+            with pytest.raises(StorageError):
+                reader.create_run(run_row("run-2"), run_started("run-2"))
+        with contextlib.closing(SQLiteStore(path)) as store:
+            assert [e.seq for e in store.load_log("run-1")] == [1, 2]
+            assert store.get_run("run-2") is None
+
+    @pytest.mark.parametrize("make", ["missing", "empty"])
+    def test_a_read_only_store_needs_an_existing_database(self, tmp_path: Path, make: str) -> None:
+        path = tmp_path / "agent.db"
+        if make == "empty":
+            path.write_bytes(b"")
+        with pytest.raises(StorageError):
+            SQLiteStore(path, read_only=True)
+        assert path.exists() == (make == "empty")
+
+    @pytest.mark.parametrize(
+        "statement",
+        [
+            "UPDATE events SET data = '\"forged\"' WHERE seq = 2",
+            "DELETE FROM events WHERE seq = 2",
+            "INSERT INTO events VALUES ('run-1', 4, 'STEP_STARTED', 1, NULL, NULL, 0, 0)",
+            "INSERT INTO events VALUES ('run-1', 2, 'STEP_STARTED', 1, NULL, NULL, 0, 0)",
+            "UPDATE side_effects SET result = '\"forged\"'",
+            "DELETE FROM side_effects",
+        ],
+        ids=["update-event", "delete-event", "gap", "duplicate", "update-effect", "delete-effect"],
+    )
+    def test_the_database_itself_guards_the_log_against_any_writer(
+        self, tmp_path: Path, statement: str
+    ) -> None:
+        path = tmp_path / "agent.db"
+        with contextlib.closing(SQLiteStore(path)) as store:
+            new_run(store)
+            store.commit(Commit("run-1", [event(2)], side_effect=effect("k-1")))
+        with (
+            contextlib.closing(sqlite3.connect(path)) as conn,
+            pytest.raises(sqlite3.DatabaseError),
+        ):
+            conn.execute(statement)
+        with contextlib.closing(SQLiteStore(path)) as store:
+            assert [e.seq for e in store.load_log("run-1")] == [1, 2]
+            assert store.side_effect("k-1") == effect("k-1")
+
+    def test_no_wal_file_is_deleted_to_open_a_database(self, tmp_path: Path) -> None:
+        path = tmp_path / "agent.db"
+        first = SQLiteStore(path)
+        try:
+            new_run(first)
+            first.commit(Commit("run-1", [event(2)], durable=True))
+            assert os.path.exists(f"{path}-wal")
+            with contextlib.closing(SQLiteStore(path)) as second:
+                assert [e.seq for e in second.load_log("run-1")] == [1, 2]
+        finally:
+            first.close()

@@ -1,0 +1,214 @@
+"""Real process deaths: SIGKILL a running agent at a named crash point, start it again.
+
+``sigkill_agent.py`` runs a small workflow (a model call, an IDEMPOTENT publish with a derived
+key, a durable timer, an IDEMPOTENT publish with an explicit key, an AT_MOST_ONCE notify) and
+sends SIGKILL to itself the N-th time it reaches the named point. The test checks the crashed
+database before anything resumes (gapless log, side effects and completions agree), then runs
+the agent again without the kill and compares it with an uncrashed reference: same result, each
+effect exactly once in the outbox, and a RUN_RESUMED event at the process boundary. A kill
+inside the AT_MOST_ONCE tool's ambiguous window must dead-letter the run instead.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+AGENT = Path(__file__).with_name("sigkill_agent.py")
+RUN_ID = "courier-1"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    state: dict[str, Any]
+    outbox: list[str]
+    calls: list[str]
+
+
+def run_agent(folder: Path, *crash: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            str(AGENT),
+            str(folder / "agent.db"),
+            str(folder / "outbox.txt"),
+            str(folder / "calls.txt"),
+            *crash,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def finished(folder: Path, done: subprocess.CompletedProcess[str]) -> Outcome:
+    assert done.returncode == 0, done.stderr
+    return Outcome(
+        json.loads(done.stdout.strip().splitlines()[-1]),
+        lines(folder / "outbox.txt"),
+        lines(folder / "calls.txt"),
+    )
+
+
+def read_only(db: Path) -> sqlite3.Connection:
+    """A reader that never checkpoints: the crashed files stay exactly as the kill left them."""
+    return sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+
+
+def events(db: Path) -> list[tuple[int, str, int, str | None]]:
+    conn = read_only(db)
+    try:
+        return conn.execute(
+            "SELECT seq, kind, step, data FROM events WHERE run_id = ? ORDER BY seq", (RUN_ID,)
+        ).fetchall()
+    finally:
+        conn.close()
+
+
+def effect_steps(db: Path) -> set[int]:
+    conn = read_only(db)
+    try:
+        return {
+            r[0] for r in conn.execute("SELECT step FROM side_effects WHERE run_id = ?", (RUN_ID,))
+        }
+    finally:
+        conn.close()
+
+
+def assert_not_torn(db: Path) -> None:
+    """The log is gapless and every recorded effect has its completion, and vice versa."""
+    log = events(db)
+    assert [seq for seq, *_ in log] == list(range(1, len(log) + 1)), log
+    completed = {step for _, kind, step, _ in log if kind == "STEP_COMPLETED"}
+    dispatched = {step for _, kind, step, _ in log if kind == "TOOL_DISPATCHED"}
+    assert effect_steps(db) == completed & dispatched
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
+    folder = tmp_path_factory.mktemp("reference")
+    outcome = finished(folder, run_agent(folder))
+    assert outcome.state["status"] == "COMPLETED"
+    kinds = [kind for _, kind, _, _ in events(folder / "agent.db")]
+    assert "RUN_RESUMED" not in kinds
+    return outcome
+
+
+@dataclass(frozen=True)
+class Case:
+    point: str
+    occurrence: int
+    last_event: tuple[str, int]
+    """(kind, step) of the last event the killed process committed: proves where it died."""
+    status: str
+    invocations: dict[str, int]
+    """How often each tool was really called, over both processes."""
+
+
+# Steps: 1 ModelCall, 2 publish (derived key), 3 Sleep, 4 publish (explicit key), 5 notify.
+CASES = [
+    Case("after_step_started", 1, ("STEP_STARTED", 1), "COMPLETED", {"publish": 2, "notify": 1}),
+    Case(
+        "after_step_committed", 1, ("STEP_COMPLETED", 1), "COMPLETED", {"publish": 2, "notify": 1}
+    ),
+    Case("after_step_started", 2, ("STEP_STARTED", 2), "COMPLETED", {"publish": 2, "notify": 1}),
+    Case(
+        "after_tool_dispatched", 1, ("TOOL_DISPATCHED", 2), "COMPLETED", {"publish": 2, "notify": 1}
+    ),
+    Case(
+        "after_tool_returned", 1, ("TOOL_DISPATCHED", 2), "COMPLETED", {"publish": 3, "notify": 1}
+    ),
+    Case(
+        "after_step_committed", 2, ("STEP_COMPLETED", 2), "COMPLETED", {"publish": 2, "notify": 1}
+    ),
+    Case("after_timer_armed", 1, ("TIMER_ARMED", 3), "COMPLETED", {"publish": 2, "notify": 1}),
+    Case(
+        "after_tool_dispatched", 2, ("TOOL_DISPATCHED", 4), "COMPLETED", {"publish": 2, "notify": 1}
+    ),
+    Case(
+        "after_tool_returned", 2, ("TOOL_DISPATCHED", 4), "COMPLETED", {"publish": 3, "notify": 1}
+    ),
+    Case(
+        "after_step_committed", 3, ("STEP_COMPLETED", 4), "COMPLETED", {"publish": 2, "notify": 1}
+    ),
+    Case("after_step_started", 4, ("STEP_STARTED", 5), "COMPLETED", {"publish": 2, "notify": 1}),
+    Case(
+        "after_tool_dispatched",
+        3,
+        ("TOOL_DISPATCHED", 5),
+        "DEAD_LETTERED",
+        {"publish": 2, "notify": 0},
+    ),
+    Case(
+        "after_tool_returned",
+        3,
+        ("TOOL_DISPATCHED", 5),
+        "DEAD_LETTERED",
+        {"publish": 2, "notify": 1},
+    ),
+    Case(
+        "before_run_completed", 1, ("STEP_COMPLETED", 5), "COMPLETED", {"publish": 2, "notify": 1}
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.point}#{c.occurrence}")
+def test_a_sigkilled_agent_resumes_to_the_reference_outcome(
+    tmp_path: Path, reference: Outcome, case: Case
+) -> None:
+    db = tmp_path / "agent.db"
+    crashed = run_agent(tmp_path, "--crash-at", case.point, "--occurrence", str(case.occurrence))
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    assert crashed.stdout == ""
+
+    # The crashed database, before anything resumes.
+    assert Path(f"{db}-wal").exists()
+    crashed_log = events(db)
+    seq, kind, step, _ = crashed_log[-1]
+    assert (kind, step) == case.last_event
+    assert_not_torn(db)
+
+    outcome = finished(tmp_path, run_agent(tmp_path))
+    assert outcome.state["status"] == case.status, outcome.state
+
+    log = events(db)
+    assert log[: len(crashed_log)] == crashed_log, "the resumed process rewrote history"
+    boundary = log[len(crashed_log)]
+    assert boundary[0] == seq + 1 and boundary[1] == "RUN_RESUMED"
+    assert json.loads(boundary[3] or "{}")["pid"] == outcome.state["pid"]
+    assert [e[1] for e in log].count("RUN_RESUMED") == 1
+    assert_not_torn(db)
+
+    called = {
+        name: sum(1 for c in outcome.calls if c.split("\t")[0] == name)
+        for name in ("publish", "notify")
+    }
+    assert called == case.invocations
+
+    if case.status == "COMPLETED":
+        assert outcome.state["result"] == reference.state["result"]
+        assert sorted(outcome.outbox) == sorted(reference.outbox)
+        assert len(set(outcome.outbox)) == len(outcome.outbox), "an effect happened twice"
+        assert log[-1][1] == "RUN_COMPLETED"
+    else:
+        published = [line for line in outcome.outbox if line.startswith("publish\t")]
+        assert sorted(published) == sorted(
+            line for line in reference.outbox if line.startswith("publish\t")
+        )
+        notified = [line for line in outcome.outbox if line.startswith("notify\t")]
+        assert len(notified) == case.invocations["notify"]
+        assert outcome.state["result"] is None
+        assert outcome.state["error"] is not None and "AT_MOST_ONCE" in outcome.state["error"]
+        assert log[-1][1] == "DEAD_LETTERED" and log[-1][2] == 5
