@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(PY) examples/research_agent.py --fresh
 
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -q
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench scripts examples

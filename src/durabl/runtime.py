@@ -39,7 +39,7 @@ from durabl.errors import (
 )
 from durabl.events import Event
 from durabl.replay import History, StepRecord
-from durabl.steps import CtxValue, ModelCall, Sleep, Step, ToolCall
+from durabl.steps import CtxValue, ModelCall, Sleep, Step, ToolCall, derived_key
 from durabl.store import Commit, KeyClaim, RunRow, SideEffect, SQLiteStore, Store
 from durabl.store.base import UNCHANGED
 from durabl.tools import RetryPolicy, Tool, ToolMode, build_registry
@@ -125,7 +125,9 @@ class _Drive:
         self.status = row.status
         self.error = row.error
         self.hold: DurablError | None = None
+        self.fatal: Exception | None = None
         self.next_step: str | None = None
+        self.result: Any = None
         self.wake_at_s = row.wake_at_s
 
     @property
@@ -151,7 +153,13 @@ class _Drive:
             raise _Unwind()
         text, value = codec.round_trip(draw(), what=step.describe())
         crashpoints.reach(crashpoints.BEFORE_CTX_RECORDED)
-        self.rt._commit(self, [(events.CTX_RECORDED, step.fingerprint, text)])
+        try:
+            self.rt._commit(self, [(events.CTX_RECORDED, step.fingerprint, text)])
+        except Exception as exc:
+            # A storage failure is the runtime's, not the workflow's: its except clauses
+            # must not see it. Unwind the workflow and re-raise it to the caller.
+            self.fatal = exc
+            raise _Unwind() from None
         self.executed += 1
         return value
 
@@ -344,25 +352,23 @@ class Runtime:
         row, event = self._dead_lettered(run_id)
         data = codec.decode(event.data or "{}")
         text, _ = codec.round_trip(result, what=f"resolution of run {run_id} step {event.step}")
-        key = data.get("key")
-        effect = None
-        if key is not None:
-            if self.store.side_effect(key) is not None:
-                raise InvalidStateError(
-                    f"idempotency key {key!r} already has a recorded effect; redrive run "
-                    f"{run_id} to pick it up instead of resolving it"
-                )
-            now_s = self._clock()
-            effect = SideEffect(
-                key, run_id, event.step, data.get("tool", ""), data.get("fp", ""), text, None, now_s
+        explicit_key = data.get("key")
+        key = explicit_key or derived_key(run_id, event.step)
+        if self.store.side_effect(key) is not None:
+            raise InvalidStateError(
+                f"idempotency key {key!r} already has a recorded effect; redrive run "
+                f"{run_id} to pick it up instead of resolving it"
             )
+        effect = SideEffect(
+            key, run_id, event.step, data["tool"], data["fp"], text, None, self._clock()
+        )
         d = self._new_drive(row, workflows.resolve(row.workflow, self._workflows), None, dry=False)
         self._commit(
             d,
             [(events.DLQ_RESOLVED, None, None), (events.STEP_COMPLETED, None, text)],
             step=event.step,
             side_effect=effect,
-            release_claim=key,
+            release_claim=explicit_key,
             durable=True,
         )
         return self._resume_row(self._row(run_id))
@@ -432,7 +438,7 @@ class Runtime:
             run_id=d.run_id,
             workflow=row.workflow,
             status=row.status if not d.dry else d.status,
-            result=None if row.result_text is None else codec.decode(row.result_text),
+            result=d.result if d.dry else _decoded(row.result_text),
             error=row.error if d.hold is None else str(d.hold),
             steps_replayed=d.replayed,
             steps_executed=d.executed,
@@ -457,6 +463,8 @@ class Runtime:
                     return
                 except _Unwind:
                     self._check_hold(d)
+                    if d.fatal is not None:
+                        raise d.fatal from None
                     return
                 except Exception as exc:
                     self._check_hold(d)
@@ -503,6 +511,8 @@ class Runtime:
             raise _Park()
         if isinstance(step, Sleep):
             return self._sleep(d, step, rec)
+        if action == replay.WAIT and rec is not None and d.now() < (rec.wake_at_s or 0.0):
+            self._park(d, events.SLEEPING)  # a retry backoff that is not over yet
         if isinstance(step, ModelCall):
             return self._model(d, step, rec)
         assert isinstance(step, ToolCall)
@@ -578,7 +588,7 @@ class Runtime:
                 )
             )
         explicit = step.idempotency_key is not None
-        key = step.idempotency_key or f"{d.run_id}:{d.position}"
+        key = step.idempotency_key or derived_key(d.run_id, d.position)
         ambiguous = action == replay.AMBIGUOUS
         if explicit:
             effect = self.store.side_effect(key)
@@ -591,13 +601,6 @@ class Runtime:
                 # Another run died inside this key's window: this run is in the same window,
                 # unless an operator has redriven this step and accepted the risk.
                 ambiguous = not redriven
-        if (
-            action == replay.WAIT
-            and rec is not None
-            and rec.wake_at_s is not None
-            and d.now() < rec.wake_at_s
-        ):
-            self._park(d, events.SLEEPING)
         if ambiguous and tool.mode is ToolMode.AT_MOST_ONCE:
             self._dead_letter(d, step, key if explicit else None)
         args = dict(step.args)
@@ -620,7 +623,7 @@ class Runtime:
             failure=ToolFailed,
             name=step.name,
             dispatch=True,
-            durable_dispatch=tool.mode is ToolMode.AT_MOST_ONCE,
+            at_most_once=tool.mode is ToolMode.AT_MOST_ONCE,
             key=key,
             claim=claim,
         )
@@ -637,7 +640,7 @@ class Runtime:
         failure: type[StepFailed],
         name: str,
         dispatch: bool = False,
-        durable_dispatch: bool = False,
+        at_most_once: bool = False,
         key: str | None = None,
         claim: KeyClaim | None = None,
     ) -> Any:
@@ -664,7 +667,7 @@ class Runtime:
                         )
                     ],
                     claim=claim,
-                    durable=durable_dispatch,
+                    durable=at_most_once,
                 )
                 crashpoints.reach(crashpoints.AFTER_TOOL_DISPATCHED)
             try:
@@ -679,7 +682,11 @@ class Runtime:
                     retry_pending = delay_s > 0
                     continue
                 err = failure(name, type(exc).__name__, str(exc), attempt)
-                self._record_failure(d, err, step.fingerprint, key, claim is not None)
+                # An exception from an AT_MOST_ONCE tool does not prove nothing happened: the
+                # key is spent, so no other run holding it calls the tool again.
+                self._record_failure(
+                    d, err, step.fingerprint, key, claim is not None, effect_happened=at_most_once
+                )
                 raise err from None
             crashpoints.reach(returned)
             try:
@@ -848,17 +855,27 @@ class Runtime:
             replay.check_end(d.history, d.position)
         except NonDeterminismError as exc:
             raise _Hold(exc) from None
-        if d.dry:
-            d.status = events.COMPLETED if d.history.terminal == events.RUN_COMPLETED else d.status
-            return
-        if d.history.terminal is not None:
-            return
         try:
-            text, _ = codec.round_trip(
+            text, d.result = codec.round_trip(
                 value, what=f"the result of workflow {d.wf.name!r} (run {d.run_id})"
             )
         except EncodingError as exc:
             self._fail(d, exc)
+            return
+        if d.history.terminal == events.RUN_COMPLETED and d.history.terminal_data != text:
+            raise _Hold(
+                replay.mismatch(
+                    d.history,
+                    d.position + 1,
+                    f"the result {d.history.terminal_data}",
+                    f"the result {text}",
+                )
+            )
+        if d.dry:
+            if d.history.terminal == events.RUN_COMPLETED:
+                d.status = events.COMPLETED
+            return
+        if d.history.terminal is not None:
             return
         crashpoints.reach(crashpoints.BEFORE_RUN_COMPLETED)
         self._commit(
@@ -980,6 +997,10 @@ class Runtime:
         raise InvalidStateError(
             f"run {row.run_id} is marked dead-lettered but its log has no DEAD_LETTERED event"
         )
+
+
+def _decoded(text: str | None) -> Any:
+    return None if text is None else codec.decode(text)
 
 
 def workflows_registry(extra: Any) -> dict[str, Workflow]:

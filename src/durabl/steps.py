@@ -13,6 +13,15 @@ from typing import Any, ClassVar
 
 from durabl import codec
 
+DERIVED_KEY_PREFIX = "durabl:"
+"""Derived idempotency keys start with this; explicit keys may not, so the two never collide."""
+
+
+def derived_key(run_id: str, position: int) -> str:
+    """The idempotency key of a tool step that was given none: unique to the run and position."""
+    return f"{DERIVED_KEY_PREFIX}{run_id}:{position}"
+
+
 MAX_SLEEP_S = 100 * 365 * 86400.0
 """Longest accepted Sleep: a century. Anything longer is a unit mistake, not a plan."""
 
@@ -103,6 +112,11 @@ class ToolCall(Step):
             raise TypeError(
                 f"ToolCall({name!r}) idempotency_key must be a non-empty string, "
                 f"got {idempotency_key!r}"
+            )
+        if idempotency_key is not None and idempotency_key.startswith(DERIVED_KEY_PREFIX):
+            raise ValueError(
+                f"ToolCall({name!r}) idempotency_key {idempotency_key!r} starts with "
+                f"{DERIVED_KEY_PREFIX!r}, which durabl reserves for the keys it derives itself"
             )
         self.name = name
         self.args_text = codec.encode(args, what=f"ToolCall({name!r}) args")

@@ -33,7 +33,7 @@ CREATE TABLE events (
 CREATE TRIGGER events_gapless BEFORE INSERT ON events
 BEGIN
     SELECT RAISE(ABORT, 'durabl: an event seq must extend an existing run''s log by exactly one')
-    WHERE NEW.seq != 1 + COALESCE(
+    WHERE NEW.seq < 1 OR NEW.seq != 1 + COALESCE(
         (SELECT MAX(seq) FROM events WHERE run_id = NEW.run_id),
         (SELECT watermark FROM runs WHERE run_id = NEW.run_id),
         -1);

@@ -1,0 +1,167 @@
+"""Regenerate the golden event histories in tests/oracles/golden/.
+
+Each scenario runs a workflow from tests/oracles/test_golden_histories.py for real, against the
+deterministic model and tools defined there, with a fixed clock and a fixed run id, then exports
+the run's events table rows (seq, kind, step, fp, data, at_s) and its final row as JSON. Process
+identities (pid, host, runtime instance id) are normalised so that two exports are byte-identical.
+
+    python scripts/export_golden.py            # rewrite tests/oracles/golden/*.json
+    python scripts/export_golden.py OUT_DIR    # write somewhere else
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+import tempfile
+from collections.abc import Callable
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "tests") not in sys.path:
+    sys.path.insert(0, str(ROOT / "tests"))
+
+from durabl import Runtime  # noqa: E402
+from durabl.crashpoints import AFTER_TOOL_RETURNED, CrashAt, ProcessDeath  # noqa: E402
+from oracles import test_golden_histories as golden  # noqa: E402
+
+START_S = 1_700_000_000.0
+DEFAULT_OUT = ROOT / "tests" / "oracles" / "golden"
+
+
+class FixedClock:
+    """Time stands still until a scenario moves it."""
+
+    def __init__(self) -> None:
+        self.now_s = START_S
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def _runtime(db: Path, clock: FixedClock) -> Runtime:
+    return Runtime(
+        db,
+        llm=golden.golden_llm,
+        tools=golden.golden_tools(),
+        clock=clock,
+        workflows=golden.WORKFLOWS,
+    )
+
+
+def research(db: Path, clock: FixedClock) -> str:
+    with _runtime(db, clock) as rt:
+        run_id = rt.start(
+            "golden.research", {"topic": "sea otters", "email": "a@b.c"}, run_id="golden-research"
+        )
+        clock.now_s += 3600
+        rt.tick()
+    return run_id
+
+
+def retry_and_fallback(db: Path, clock: FixedClock) -> str:
+    with _runtime(db, clock) as rt:
+        run_id = rt.start("golden.retry_and_fallback", {"n": 4}, run_id="golden-retry")
+        clock.now_s += 30
+        rt.tick()
+    return run_id
+
+
+def crash_resumed(db: Path, clock: FixedClock) -> str:
+    run_id = "golden-crash-resumed"
+    with _runtime(db, clock) as first, CrashAt(AFTER_TOOL_RETURNED, 1) as death:
+        try:
+            first.start("golden.crash_resumed", {"to": "c@d.e"}, run_id=run_id)
+        except ProcessDeath:
+            assert death.fired
+    clock.now_s += 5
+    with _runtime(db, clock) as second:
+        second.resume(run_id)
+    return run_id
+
+
+def failing(db: Path, clock: FixedClock) -> str:
+    with _runtime(db, clock) as rt:
+        return rt.start("golden.failing", {"why": "the disk"}, run_id="golden-failing")
+
+
+SCENARIOS: dict[str, Callable[[Path, FixedClock], str]] = {
+    "research": research,
+    "retry_and_fallback": retry_and_fallback,
+    "crash_resumed": crash_resumed,
+    "failing": failing,
+}
+
+
+def _normalise(data: str | None, owners: dict[str, str]) -> str | None:
+    """Replace the identity of the process that wrote a boundary event with a stable name."""
+    if data is None:
+        return None
+    value = json.loads(data)
+    if isinstance(value, dict) and "owner" in value:
+        value["owner"] = owners.setdefault(value["owner"], f"process-{len(owners) + 1}")
+        value["pid"] = 0
+        value["host"] = "golden-host"
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return data
+
+
+def _history(db: Path, run_id: str) -> dict[str, Any]:
+    with closing(sqlite3.connect(db)) as conn:
+        workflow, input_text, status, result, error = conn.execute(
+            "SELECT workflow, input, status, result, error FROM runs WHERE run_id = ?", (run_id,)
+        ).fetchone()
+        rows = conn.execute(
+            "SELECT seq, kind, step, fp, data, at_s FROM events WHERE run_id = ? ORDER BY seq",
+            (run_id,),
+        ).fetchall()
+    owners: dict[str, str] = {}
+    events = [
+        {
+            "seq": seq,
+            "kind": kind,
+            "step": step,
+            "fp": fp,
+            "data": _normalise(data, owners) if kind in ("RUN_STARTED", "RUN_RESUMED") else data,
+            "at_s": at_s,
+        }
+        for seq, kind, step, fp, data, at_s in rows
+    ]
+    return {
+        "run_id": run_id,
+        "workflow": workflow,
+        "input": json.loads(input_text),
+        "status": status,
+        "result_text": result,
+        "error": error,
+        "events": events,
+    }
+
+
+def export(out_dir: Path) -> list[Path]:
+    """Run every scenario in a scratch database and write one JSON file per scenario."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for stem, scenario in SCENARIOS.items():
+            db = Path(scratch) / f"{stem}.db"
+            run_id = scenario(db, FixedClock())
+            text = json.dumps(_history(db, run_id), indent=2, sort_keys=True, ensure_ascii=False)
+            path = out_dir / f"{stem}.json"
+            path.write_text(text + "\n", encoding="utf-8")
+            written.append(path)
+    return written
+
+
+def main(argv: list[str]) -> int:
+    out_dir = Path(argv[1]) if len(argv) > 1 else DEFAULT_OUT
+    for path in export(out_dir):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,319 @@
+"""Test doubles for the outside world, and read-only views of a durabl database file.
+
+The only doubles are the things durabl talks to: the model and the tools. Everything durabl
+itself does is observed through its public API or by reading the SQLite file with ``sqlite3``,
+the way an operator (or a restarted process) would see it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from durabl import RetryPolicy, RunState, Runtime, tool
+from durabl.crashpoints import CrashAt, ProcessDeath
+
+START_S = 1_700_000_000.0
+"""Where every injected clock starts: a fixed instant, so deadlines are exact numbers."""
+
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
+STOPPED = (*TERMINAL, "DEAD_LETTERED")
+
+
+class Clock:
+    """An injected clock: time moves only when the test says so."""
+
+    def __init__(self, now_s: float = START_S) -> None:
+        self.now_s = now_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def advance(self, seconds: float) -> float:
+        self.now_s += seconds
+        return self.now_s
+
+
+class Outbox:
+    """A real file that tools append their effects to: what the world has seen."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def append(self, record: dict[str, Any]) -> None:
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record, sort_keys=True) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def records(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        with open(self.path, encoding="utf-8") as handle:
+            return [json.loads(line) for line in handle if line.strip()]
+
+    def find(self, key: str) -> dict[str, Any] | None:
+        for record in self.records():
+            if record["key"] == key:
+                return record
+        return None
+
+    def count(self, **match: Any) -> int:
+        return sum(1 for r in self.records() if all(r.get(k) == v for k, v in match.items()))
+
+
+class World:
+    """The LLM and the tools, counting every call. It outlives any one Runtime, like the world.
+
+    - ``send`` (IDEMPOTENT): appends to the outbox, deduplicating on the idempotency key it is
+      handed, so a second call with the same key has no second effect.
+    - ``charge`` (AT_MOST_ONCE): appends to the outbox on every call; it cannot deduplicate.
+    - ``search`` (IDEMPOTENT, no effect): a pure lookup.
+    - ``flaky`` (IDEMPOTENT, retried with backoff): fails the first attempt for each key.
+    - ``broken`` (IDEMPOTENT, two quick attempts): always raises.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.outbox = Outbox(root / "outbox.jsonl")
+        self.calls: Counter[str] = Counter()
+        self.keys_seen: list[tuple[str, str]] = []
+        self.flaky_failed: set[str] = set()
+        self.llm_failures_left = 0
+
+    # -- the model -------------------------------------------------------------------------
+
+    def llm(self, prompt: Any, **params: Any) -> dict[str, Any]:
+        self.calls["llm"] += 1
+        if self.llm_failures_left > 0:
+            self.llm_failures_left -= 1
+            raise ConnectionError("model endpoint unavailable")
+        text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
+        return {"text": f"answer({text})", "tokens": len(text), "params": params}
+
+    # -- the tools -------------------------------------------------------------------------
+
+    def send(self, *, to: str, body: str, idempotency_key: str) -> dict[str, Any]:
+        self.calls["send"] += 1
+        self.keys_seen.append(("send", idempotency_key))
+        found = self.outbox.find(idempotency_key)
+        if found is None:
+            self.outbox.append({"tool": "send", "key": idempotency_key, "to": to, "body": body})
+        return {"sent": f"{to}:{body}"}
+
+    def charge(self, *, amount: int, idempotency_key: str) -> dict[str, Any]:
+        self.calls["charge"] += 1
+        self.keys_seen.append(("charge", idempotency_key))
+        self.outbox.append({"tool": "charge", "key": idempotency_key, "amount": amount})
+        return {"charged": amount}
+
+    def search(self, *, q: str) -> list[str]:
+        self.calls["search"] += 1
+        return [f"{q}-1", f"{q}-2"]
+
+    def flaky(self, *, n: int, idempotency_key: str) -> int:
+        self.calls["flaky"] += 1
+        if idempotency_key not in self.flaky_failed:
+            self.flaky_failed.add(idempotency_key)
+            raise TimeoutError(f"flaky timed out for {idempotency_key}")
+        return n * 10
+
+    def broken(self, *, why: str) -> None:
+        self.calls["broken"] += 1
+        raise ValueError(f"broken: {why}")
+
+    def tools(self, *, flaky_delay_s: float = 5.0) -> dict[str, Any]:
+        return {
+            "send": tool(self.send, mode="IDEMPOTENT"),
+            "charge": tool(self.charge, mode="AT_MOST_ONCE"),
+            "search": tool(self.search, mode="IDEMPOTENT"),
+            "flaky": tool(
+                self.flaky,
+                mode="IDEMPOTENT",
+                retry=RetryPolicy(max_attempts=3, base_delay=flaky_delay_s),
+            ),
+            "broken": tool(
+                self.broken, mode="IDEMPOTENT", retry=RetryPolicy(max_attempts=2, base_delay=0.0)
+            ),
+        }
+
+    @property
+    def total_calls(self) -> int:
+        return sum(self.calls.values())
+
+
+# -- reading the database file ---------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def connect(db: Path | str) -> Iterator[sqlite3.Connection]:
+    conn = sqlite3.connect(os.fspath(db), isolation_level=None)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def event_rows(db: Path | str, run_id: str | None = None) -> list[tuple[Any, ...]]:
+    """Every column of every event row (of one run, or of all runs), in log order."""
+    with connect(db) as conn:
+        if run_id is None:
+            sql = "SELECT run_id, seq, kind, step, fp, data, at_s, crc FROM events"
+            return conn.execute(sql + " ORDER BY run_id, seq").fetchall()
+        sql = "SELECT run_id, seq, kind, step, fp, data, at_s, crc FROM events WHERE run_id = ?"
+        return conn.execute(sql + " ORDER BY seq", (run_id,)).fetchall()
+
+
+def kinds(db: Path | str, run_id: str) -> list[str]:
+    return [row[2] for row in event_rows(db, run_id)]
+
+
+def side_effect_rows(db: Path | str) -> list[tuple[Any, ...]]:
+    with connect(db) as conn:
+        return conn.execute(
+            "SELECT idempotency_key, run_id, step, tool, args_fp, result, error, at_s "
+            "FROM side_effects ORDER BY idempotency_key"
+        ).fetchall()
+
+
+def claim_rows(db: Path | str) -> list[tuple[Any, ...]]:
+    with connect(db) as conn:
+        return conn.execute(
+            "SELECT idempotency_key, run_id, step FROM key_claims ORDER BY idempotency_key"
+        ).fetchall()
+
+
+def run_row(db: Path | str, run_id: str) -> dict[str, Any]:
+    with connect(db) as conn:
+        conn.row_factory = sqlite3.Row
+        row = conn.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    assert row is not None, f"no runs row for {run_id}"
+    return dict(row)
+
+
+def run_ids(db: Path | str) -> list[str]:
+    with connect(db) as conn:
+        return [r[0] for r in conn.execute("SELECT run_id FROM runs ORDER BY created_s, run_id")]
+
+
+# -- the oracles, as reusable checks ---------------------------------------------------------
+
+
+def assert_gapless(db: Path | str) -> None:
+    """Every run's seq numbers are exactly 1..N."""
+    by_run: dict[str, list[int]] = {}
+    for row in event_rows(db):
+        by_run.setdefault(row[0], []).append(row[1])
+    for rid in run_ids(db):
+        seqs = by_run.get(rid, [])
+        assert seqs == list(range(1, len(seqs) + 1)), f"run {rid} has seqs {seqs}"
+        assert seqs, f"run {rid} has no events at all"
+
+
+def tool_steps(db: Path | str, run_id: str) -> dict[int, str]:
+    """Position -> idempotency key, for every tool step the run's log started."""
+    found = {}
+    for _, _, kind, step, _, data, _, _ in event_rows(db, run_id):
+        if kind == "STEP_STARTED" and data is not None:
+            canonical = json.loads(data)
+            if canonical[0] == "tool" and step not in found:
+                found[step] = canonical[3] or f"durabl:{run_id}:{step}"
+    return found
+
+
+def assert_effects_match_log(db: Path | str) -> None:
+    """The side_effects table and the log agree, at any instant a process may have died.
+
+    - every side_effects row has, in its run's log, the completion (STEP_COMPLETED or
+      STEP_FAILED) of the step that recorded it, and a STEP_COMPLETED carries the same result;
+    - every tool step that the log says completed is backed by the side_effects row of its key.
+    """
+    effects = {row[0]: row for row in side_effect_rows(db)}
+    for key, rid, step, _tool, _fp, result, error, _at in effects.values():
+        rows = [r for r in event_rows(db, rid) if r[3] == step]
+        done = [r for r in rows if r[2] in ("STEP_COMPLETED", "STEP_FAILED")]
+        assert done, f"side effect {key!r} of run {rid} step {step} has no completion in the log"
+        if error is None:
+            assert done[-1][2] == "STEP_COMPLETED", f"{key!r}: {done}"
+            assert done[-1][5] == result, f"{key!r}: log says {done[-1][5]}, row says {result}"
+    for rid in run_ids(db):
+        rows = event_rows(db, rid)
+        for step, key in tool_steps(db, rid).items():
+            completed = [r for r in rows if r[3] == step and r[2] == "STEP_COMPLETED"]
+            if completed:
+                assert key in effects, (
+                    f"run {rid} step {step} completed but side_effects has no row for {key!r}"
+                )
+                assert effects[key][5] == completed[-1][5], f"{key!r} result differs from log"
+
+
+def assert_timers_once(db: Path | str) -> None:
+    """Each armed timer fired at most once, and never before its deadline."""
+    for rid in run_ids(db):
+        armed: dict[int, float] = {}
+        fired: Counter[int] = Counter()
+        for _, _, kind, step, _, data, _, _ in event_rows(db, rid):
+            if kind == "TIMER_ARMED":
+                assert step not in armed, f"run {rid} step {step} armed twice"
+                armed[step] = json.loads(data)["fire_at_s"]
+            elif kind == "TIMER_FIRED":
+                fired[step] += 1
+                fired_at_s = json.loads(data)["fired_at_s"]
+                assert fired_at_s >= armed[step], f"run {rid} step {step} fired early"
+        assert all(n == 1 for n in fired.values()), f"run {rid} timers fired {dict(fired)}"
+
+
+# -- driving runs ------------------------------------------------------------------------------
+
+
+def crash(point: str, occurrence: int, action: Callable[[], Any]) -> bool:
+    """Run ``action`` with a death armed at ``point``; True when the process died there."""
+    with CrashAt(point, occurrence) as hook:
+        try:
+            action()
+        except ProcessDeath as death:
+            assert death.point == point
+    return hook.fired
+
+
+def drive_to_rest(rt: Runtime, clock: Clock, run_id: str, *, limit: int = 20) -> RunState:
+    """resume_all + tick, moving the clock on, until the run stops (or is dead-lettered)."""
+    for _ in range(limit):
+        state = rt.state(run_id)
+        if state.status in STOPPED:
+            return state
+        rt.resume_all()
+        state = rt.state(run_id)
+        if state.status in STOPPED:
+            return state
+        clock.advance(3600.0)
+        rt.tick()
+    raise AssertionError(f"run {run_id} did not come to rest: {rt.state(run_id)}")
+
+
+__all__ = [
+    "START_S",
+    "STOPPED",
+    "TERMINAL",
+    "Clock",
+    "Outbox",
+    "World",
+    "assert_effects_match_log",
+    "assert_gapless",
+    "assert_timers_once",
+    "claim_rows",
+    "connect",
+    "crash",
+    "drive_to_rest",
+    "event_rows",
+    "kinds",
+    "run_ids",
+    "run_row",
+    "side_effect_rows",
+    "tool_steps",
+]

@@ -1,0 +1,257 @@
+"""Oracle: checked-in event histories still replay against today's code.
+
+Each file in ``golden/`` is the log of a real run, exported by ``scripts/export_golden.py``
+(fixed clock, fixed run ids, process identities normalised). The test loads a history into a
+fresh database through durabl's own store, so checksums are computed the way durabl computes
+them, then replays it dry against the workflow code below: the workflow must recompute the
+recorded result byte for byte while nothing is called. A deliberately changed workflow must
+raise ``NonDeterminismError`` on the same history.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from durabl import (
+    ModelCall,
+    NonDeterminismError,
+    RetryPolicy,
+    Runtime,
+    Sleep,
+    ToolCall,
+    ToolFailed,
+    codec,
+    tool,
+)
+from durabl.events import Event
+from durabl.store import Commit, RunRow, SQLiteStore
+
+GOLDEN = Path(__file__).parent / "golden"
+SCRIPT = Path(__file__).parents[2] / "scripts" / "export_golden.py"
+
+COMPUTED: list[Any] = []
+"""What each replayed workflow computed as its result, appended just before it returns."""
+
+
+def research(ctx: Any, topic: str, email: str) -> Any:
+    plan = yield ModelCall(f"Make a research plan for {topic}", temperature=0)
+    hits = []
+    for q in plan["queries"]:
+        hits.append((yield ToolCall("search", {"q": q})))
+    started_s = ctx.now()
+    yield Sleep(hours=1)
+    summary = yield ModelCall(f"Summarize: {hits}")
+    receipt = yield ToolCall(
+        "send_email",
+        {"to": email, "body": summary["text"]},
+        idempotency_key=f"summary-{ctx.run_id}",
+    )
+    result = {
+        "hits": sum(len(h) for h in hits),
+        "receipt": receipt,
+        "summary": summary["text"].upper(),
+        "started_s": started_s,
+    }
+    COMPUTED.append(result)
+    return result
+
+
+def retry_and_fallback(ctx: Any, n: int) -> Any:
+    value = yield ToolCall("flaky", {"n": n})
+    try:
+        yield ToolCall("broken", {"why": "golden"})
+        fallback = None
+    except ToolFailed as failed:
+        fallback = f"{failed.tool}:{failed.error_type}:{failed.attempts}"
+    result = {"value": value * 3, "fallback": fallback}
+    COMPUTED.append(result)
+    return result
+
+
+def crash_resumed(ctx: Any, to: str) -> Any:
+    draft = yield ModelCall(f"Draft a note to {to}")
+    receipt = yield ToolCall("send_email", {"to": to, "body": draft["text"]})
+    result = [receipt, len(draft["text"])]
+    COMPUTED.append(result)
+    return result
+
+
+def failing(ctx: Any, why: str) -> Any:
+    plan = yield ModelCall(f"What to do about {why}")
+    yield ToolCall("broken", {"why": plan["text"]})
+    COMPUTED.append("unreachable")
+    return "unreachable"
+
+
+WORKFLOWS: dict[str, Callable[..., Any]] = {
+    "golden.research": research,
+    "golden.retry_and_fallback": retry_and_fallback,
+    "golden.crash_resumed": crash_resumed,
+    "golden.failing": failing,
+}
+
+
+# -- the world the histories were recorded against (used by scripts/export_golden.py) --------
+
+
+def golden_llm(prompt: Any, **params: Any) -> dict[str, Any]:
+    text = str(prompt)
+    if text.startswith("Make a research plan"):
+        return {"queries": ["otter diet", "otter tools"], "params": params}
+    return {"text": f"ok: {text[:48]}"}
+
+
+def golden_tools() -> dict[str, Any]:
+    failed_once: set[str] = set()
+
+    def search(*, q: str) -> list[str]:
+        return [f"{q} #1", f"{q} #2", f"{q} #3"][: 2 + len(q) % 2]
+
+    def send_email(*, to: str, body: str, idempotency_key: str) -> dict[str, str]:
+        return {"id": f"msg-{idempotency_key}", "to": to}
+
+    def flaky(*, n: int, idempotency_key: str) -> int:
+        if idempotency_key not in failed_once:
+            failed_once.add(idempotency_key)
+            raise TimeoutError("upstream timed out")
+        return n + 1
+
+    def broken(*, why: str) -> None:
+        raise ValueError(f"cannot {why}")
+
+    return {
+        "search": tool(search, mode="IDEMPOTENT"),
+        "send_email": tool(send_email, mode="IDEMPOTENT"),
+        "flaky": tool(flaky, mode="IDEMPOTENT", retry=RetryPolicy(max_attempts=3, base_delay=30)),
+        "broken": tool(broken, mode="IDEMPOTENT", retry=RetryPolicy(max_attempts=2, base_delay=0)),
+    }
+
+
+# -- loading a golden file -------------------------------------------------------------------
+
+
+def golden_files() -> list[Path]:
+    return sorted(GOLDEN.glob("*.json"))
+
+
+def load(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def install(history: dict[str, Any], db: Path) -> SQLiteStore:
+    """Write the history into a fresh database through durabl's own store."""
+    log = [Event(**e) for e in history["events"]]
+    store = SQLiteStore(db)
+    first = log[0]
+    row = RunRow(
+        history["run_id"],
+        history["workflow"],
+        codec.encode(history["input"]),
+        "RUNNING",
+        None,
+        None,
+        first.at_s,
+        first.at_s,
+        None,
+        0,
+    )
+    assert store.create_run(row, first) is None
+    store.commit(
+        Commit(
+            history["run_id"],
+            log[1:],
+            status=history["status"],
+            result_text=history["result_text"],
+            error=history["error"],
+            durable=True,
+            at_s=log[-1].at_s,
+        )
+    )
+    return store
+
+
+@pytest.fixture(autouse=True)
+def _fresh_computed() -> None:
+    COMPUTED.clear()
+
+
+def test_the_golden_histories_are_there() -> None:
+    names = {load(p)["workflow"] for p in golden_files()}
+    assert names == set(WORKFLOWS)
+    for path in golden_files():
+        history = load(path)
+        assert [e["seq"] for e in history["events"]] == list(range(1, len(history["events"]) + 1))
+
+
+@pytest.mark.parametrize("path", golden_files(), ids=lambda p: p.stem)
+def test_a_golden_history_replays_to_its_recorded_result(tmp_path: Path, path: Path) -> None:
+    history = load(path)
+    store = install(history, tmp_path / "golden.db")
+    assert [tuple(e) for e in store.load_log(history["run_id"])] == [
+        tuple(Event(**e)) for e in history["events"]
+    ]
+    with Runtime(store=store, workflows=WORKFLOWS, llm=None, tools={}) as rt:
+        state = rt.replay(history["run_id"])
+
+    assert state.status == history["status"]
+    assert state.steps_executed == 0
+    assert state.steps_replayed == len({e["step"] for e in history["events"] if e["step"] > 0})
+    if history["status"] == "COMPLETED":
+        [recomputed] = COMPUTED
+        assert codec.encode(recomputed) == history["result_text"]
+        assert codec.encode(state.result) == history["result_text"]
+    else:
+        assert COMPUTED == []
+        assert history["error"] is not None and "ValueError" in history["error"]
+
+
+def research_changed(ctx: Any, topic: str, email: str) -> Any:
+    plan = yield ModelCall(f"Make a research plan for {topic}", temperature=0)
+    hits = []
+    for q in plan["queries"]:
+        hits.append((yield ToolCall("search", {"q": q.upper()})))
+    return hits
+
+
+def crash_resumed_changed(ctx: Any, to: str) -> Any:
+    draft = yield ModelCall(f"Draft a note to {to}")
+    return (yield ToolCall("send_email", {"to": to, "body": draft["text"], "cc": "boss"}))
+
+
+@pytest.mark.parametrize(
+    ("stem", "changed", "position"),
+    [("research", research_changed, 2), ("crash_resumed", crash_resumed_changed, 2)],
+)
+def test_a_changed_workflow_raises_on_the_golden_history(
+    tmp_path: Path, stem: str, changed: Callable[..., Any], position: int
+) -> None:
+    history = load(GOLDEN / f"{stem}.json")
+    store = install(history, tmp_path / "golden.db")
+    with (
+        Runtime(store=store, workflows={history["workflow"]: changed}, tools={}) as rt,
+        pytest.raises(NonDeterminismError) as raised,
+    ):
+        rt.replay(history["run_id"])
+    assert raised.value.run_id == history["run_id"]
+    assert raised.value.position == position
+    first = next(e for e in history["events"] if e["step"] == position)
+    assert raised.value.seq == first["seq"]
+
+
+def test_the_export_is_deterministic(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("export_golden", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    script.export(tmp_path / "a")
+    script.export(tmp_path / "b")
+    exported = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert exported == sorted(p.name for p in golden_files())
+    for name in exported:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
