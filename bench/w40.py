@@ -161,6 +161,19 @@ def w40(ctx: Any, topic: str) -> Any:
     return {"plan": plan["plan"], "hits": len(found)}
 
 
+@workflow(name="bench.wn")
+def wn(ctx: Any, topic: str, n: int) -> Any:
+    """W40's shape with ``n`` tool calls: used to split resume cost into fixed and per-step."""
+    plan = yield ModelCall(f"Plan a search about {topic}")
+    for i in range(n):
+        yield ToolCall(TOOL_NAME, {"i": i, "topic": topic})
+    return {"plan": plan["plan"], "hits": n}
+
+
+SLOPE_SIZES = (40, 400)
+"""Tool calls in the short and the long run whose resume times give the per-step slope."""
+
+
 def plain_loop(llm: Callable[..., Any], append: Callable[..., Any], topic: str) -> Any:
     """The baseline: the same calls with the same arguments, and nothing else."""
     plan = llm(f"Plan a search about {topic}")
@@ -444,6 +457,46 @@ def measure_replay(work: Path, plan: Plan) -> dict[str, Any]:
             "runtime_open_ms_median": round(statistics.median(open_times[mode]) / 1e6, 4),
         }
     return figures
+
+
+def measure_resume_slope(work: Path, plan: Plan) -> dict[str, Any]:
+    """Resume cost split into a fixed part (open the log, write RUN_RESUMED + RUN_COMPLETED)
+    and a per-served-step part: the slope between runs of 41 and 401 steps, process mode."""
+    outbox = Outbox(work / "slope.txt")
+    db = work / "slope.db"
+    times: dict[int, list[int]] = {n: [] for n in SLOPE_SIZES}
+    for i in range(plan.warmup + plan.resume_reps):
+        for n in SLOPE_SIZES if i % 2 == 0 else tuple(reversed(SLOPE_SIZES)):
+            run_id = uuid.uuid4().hex
+            doomed = make_runtime(db, "process", outbox)
+            try:
+                with CrashAt(BEFORE_RUN_COMPLETED):
+                    doomed.start(wn, {"topic": TOPIC, "n": n}, run_id=run_id)
+                raise AssertionError("the run was not killed before completion")
+            except ProcessDeath:
+                pass
+            finally:
+                doomed.close()
+            fresh = make_runtime(db, "process", outbox)
+            try:
+                t0 = time.perf_counter_ns()
+                state = fresh.resume(run_id)
+                elapsed = time.perf_counter_ns() - t0
+            finally:
+                fresh.close()
+            if state.status != "COMPLETED" or state.steps_replayed != n + 1:
+                raise AssertionError(f"resume of a {n + 1}-step run gave {state!r}")
+            if i >= plan.warmup:
+                times[n].append(elapsed)
+    short, long = (statistics.median(times[n]) for n in SLOPE_SIZES)
+    slope_us = (long - short) / (SLOPE_SIZES[1] - SLOPE_SIZES[0]) / 1e3
+    return {
+        "sizes_steps": [n + 1 for n in SLOPE_SIZES],
+        "resume_ms_median": [round(statistics.median(times[n]) / 1e6, 4) for n in SLOPE_SIZES],
+        "us_per_served_step": round(slope_us, 3),
+        "fixed_ms": round((short / 1e3 - (SLOPE_SIZES[0] + 1) * slope_us) / 1e3, 4),
+        "reps": plan.resume_reps,
+    }
 
 
 def served_figures(times_ns: Sequence[int]) -> dict[str, Any]:
@@ -885,7 +938,7 @@ def assess(report: dict[str, Any]) -> dict[str, Any]:
         "process_overhead_ms_per_step_median": o["process"]["overhead_ms_per_step_median"],
         "replay_us_per_served_step_median": max(
             r["dry_replay"]["us_per_served_step_median"],
-            r["resume_process"]["us_per_served_step_median"],
+            report["resume_slope"]["us_per_served_step"],
         ),
         "scaling_ratio_100k_over_empty": worst_ratio,
     }
@@ -931,6 +984,11 @@ def render(report: dict[str, Any]) -> str:
             f"  {label:<34}{f['us_per_served_step_median']:>10.2f}"
             f"{f['us_per_served_step_p95']:>10.2f}{f['call_ms_median']:>10.3f}"
         )
+    sl = report["resume_slope"]
+    lines += [
+        f"  resume, per served step (slope {sl['sizes_steps'][0]} -> {sl['sizes_steps'][1]} steps)"
+        f"{sl['us_per_served_step']:>8.2f} us; fixed part {sl['fixed_ms']:.3f} ms per resume",
+    ]
     lines += [
         "",
         f"Scaling: per-step overhead, empty db vs {s['prior_events']} prior events "
@@ -1027,6 +1085,7 @@ def main(argv: list[str] | None = None) -> int:
         raw: dict[str, Any] = {}
         report["overhead"], report["plain_loop"] = measure_overhead(work, plan, raw)
         report["replay"] = measure_replay(work, plan)
+        report["resume_slope"] = measure_resume_slope(work, plan)
         report["scaling"] = measure_scaling(work, plan, raw)
         _say("[4/5] census of store work per run")
         report["census"] = {

@@ -41,6 +41,8 @@ def encode(value: Any, *, what: str = "value") -> str:
 
 def _check_keys(value: Any) -> None:
     """JSON would silently turn a key like 1 or None into "1" or "null"; refuse instead."""
+    if not isinstance(value, _CONTAINERS):
+        return
     stack = [value]
     seen: set[int] = set()
     while stack:

@@ -7,6 +7,7 @@ database never disagree. Decisions about a yielded step come from the pure ``rep
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -663,7 +664,7 @@ class Runtime:
                         (
                             events.TOOL_DISPATCHED,
                             None,
-                            None if key is None else codec.encode({"key": key}),
+                            None if key is None else f'{{"key":{json.dumps(key)}}}',
                         )
                     ],
                     claim=claim,
