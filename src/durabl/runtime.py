@@ -142,7 +142,7 @@ class _Drive:
         self.position += 1
         step = _CTX_STEPS[what]
         try:
-            action, rec = replay.decide(self.history, self.position, step)
+            action, rec = self.rt._decide(self.history, self.position, step)
         except NonDeterminismError as exc:
             self.hold = exc
             raise _Unwind() from None
@@ -495,7 +495,7 @@ class Runtime:
 
     def _step(self, d: _Drive, step: Step) -> Any:
         try:
-            action, rec = replay.decide(d.history, d.position, step)
+            action, rec = self._decide(d.history, d.position, step)
         except NonDeterminismError as exc:
             raise _Hold(exc) from None
         if action == replay.SERVE and rec is not None:
@@ -518,6 +518,15 @@ class Runtime:
             return self._model(d, step, rec)
         assert isinstance(step, ToolCall)
         return self._tool(d, step, rec, action)
+
+    def _decide(self, history: History, position: int, step: Step) -> tuple[str, StepRecord | None]:
+        """The replay decision for a step. One method, so that the negative control's broken
+        runtimes can override exactly this and nothing else."""
+        return replay.decide(history, position, step)
+
+    def _call_tool(self, tool: Tool, args: dict[str, Any]) -> Any:
+        """Hand control to a tool: the only place durabl calls one."""
+        return tool.fn(**args)
 
     def _policy(self, tool: Tool) -> RetryPolicy:
         policy = self._policies.get(tool.name)
@@ -609,7 +618,7 @@ class Runtime:
             args["idempotency_key"] = key
 
         def call() -> Any:
-            return tool.fn(**args)
+            return self._call_tool(tool, args)
 
         claim = (
             KeyClaim(key, d.run_id, d.position, step.name, step.fingerprint) if explicit else None
