@@ -687,7 +687,7 @@ class Runtime:
                 error = {"error_type": type(exc).__name__, "message": str(exc), "attempt": attempt}
                 if attempt < policy.max_attempts:
                     delay_s = policy.delay_s(attempt)
-                    self._schedule_retry(d, error, delay_s, key if claim is not None else None)
+                    self._schedule_retry(d, error, delay_s)
                     attempt += 1
                     retry_pending = delay_s > 0
                     continue
@@ -726,16 +726,15 @@ class Runtime:
             d.executed += 1
             return value
 
-    def _schedule_retry(
-        self, d: _Drive, error: dict[str, Any], delay_s: float, release: str | None
-    ) -> None:
+    def _schedule_retry(self, d: _Drive, error: dict[str, Any], delay_s: float) -> None:
+        """Record a failed attempt and when the next begins. An explicit key's claim is kept:
+        until the step ends, another run holding the key is inside the same window."""
         retry_at_s = d.now() + delay_s
         self._commit(
             d,
             [(events.STEP_RETRY, None, codec.encode({**error, "retry_at_s": retry_at_s}))],
             status=events.SLEEPING if delay_s > 0 else events.RUNNING,
             wake_at_s=retry_at_s if delay_s > 0 else _KEEP,
-            release_claim=release,
             durable=delay_s > 0,
         )
         crashpoints.reach(crashpoints.AFTER_RETRY_SCHEDULED)
@@ -872,6 +871,15 @@ class Runtime:
         except EncodingError as exc:
             self._fail(d, exc)
             return
+        if d.history.terminal == events.RUN_FAILED:
+            raise _Hold(
+                replay.mismatch(
+                    d.history,
+                    d.position + 1,
+                    "the end of the workflow (RUN_FAILED)",
+                    f"a return with the result {text}",
+                )
+            )
         if d.history.terminal == events.RUN_COMPLETED and d.history.terminal_data != text:
             raise _Hold(
                 replay.mismatch(
@@ -907,6 +915,16 @@ class Runtime:
                     d.history,
                     rec.position,
                     replay._recorded(rec),
+                    f"an exception ({type(exc).__name__}: {exc})",
+                )
+            )
+        if d.history.terminal in (events.RUN_COMPLETED, events.RUN_CANCELLED):
+            # Only a dry replay re-runs a finished run: its code now raises where it returned.
+            raise _Hold(
+                replay.mismatch(
+                    d.history,
+                    d.position + 1,
+                    f"the end of the workflow ({d.history.terminal})",
                     f"an exception ({type(exc).__name__}: {exc})",
                 )
             )

@@ -242,7 +242,7 @@ class SQLiteStore:
             if codec.checksum(seq, kind, step, fp, data, at_s) != crc:
                 raise StorageError(
                     f"{self.path}: event seq {seq} of run {run_id} fails its checksum; the log is "
-                    f"damaged and will not be replayed. Run 'durabl doctor' and restore from a "
+                    f"damaged and will not be replayed. Restore the database from a "
                     f"backup."
                 )
             log.append(Event(seq, kind, step, fp, data, at_s))
@@ -430,7 +430,7 @@ def _storage_error(path: str, exc: sqlite3.Error) -> StorageError:
     elif "disk is full" in lowered or "database or disk is full" in lowered:
         why = "the disk is full; nothing of this write was kept"
     elif "malformed" in lowered or "not a database" in lowered or "corrupt" in lowered:
-        why = "the file is corrupt; run 'durabl doctor' and restore from a backup"
+        why = "the file is corrupt; restore it from a backup"
     elif "unable to open" in lowered:
         why = "the file cannot be opened (check the path and permissions)"
     elif "unique constraint failed: side_effects" in lowered:
