@@ -25,8 +25,9 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench.w40 --out bench/results/w40.json
 
+# The full chaos grid (both death modes); scripts/chaos_report.py prints its table.
 chaos: $(STAMP)
-	$(PY) -m pytest tests/chaos -q --timeout=900
+	DURABL_CHAOS=full $(PY) -m pytest tests/chaos -q --timeout=900
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -317,3 +317,180 @@ __all__ = [
     "side_effect_rows",
     "tool_steps",
 ]
+
+
+# -- read-only snapshots of a database, for the chaos grid -------------------------------------
+
+
+class Snapshot:
+    """One read-only look at a database file: what a restarted process would find.
+
+    The connection is opened with ``mode=ro``, so reading a crashed database neither
+    checkpoints nor removes its ``-wal``: the files stay exactly as the death left them.
+    """
+
+    def __init__(self, db: Path | str) -> None:
+        uri = f"file:{os.path.abspath(os.fspath(db))}?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+        try:
+            rows = conn.execute(
+                "SELECT run_id, seq, kind, step, fp, data, at_s FROM events ORDER BY run_id, seq"
+            ).fetchall()
+            self.effects: dict[str, tuple[Any, ...]] = {
+                row[0]: row
+                for row in conn.execute(
+                    "SELECT idempotency_key, run_id, step, tool, args_fp, result, error, at_s "
+                    "FROM side_effects"
+                )
+            }
+            self.claims: list[tuple[Any, ...]] = conn.execute(
+                "SELECT idempotency_key, run_id, step FROM key_claims ORDER BY idempotency_key"
+            ).fetchall()
+            self.runs: dict[str, tuple[Any, ...]] = {
+                row[0]: row
+                for row in conn.execute(
+                    "SELECT run_id, status, result, error, wake_at_s FROM runs ORDER BY run_id"
+                )
+            }
+        finally:
+            conn.close()
+        self.events: dict[str, list[tuple[Any, ...]]] = {run_id: [] for run_id in self.runs}
+        for run_id, *event in rows:
+            self.events.setdefault(run_id, []).append(tuple(event))
+
+    def status(self, run_id: str) -> str:
+        return str(self.runs[run_id][1])
+
+    def at_step(self, run_id: str, step: int) -> list[tuple[Any, ...]]:
+        """The run's events at one step position: (seq, kind, step, fp, data, at_s)."""
+        return [e for e in self.events.get(run_id, []) if e[2] == step]
+
+    def tool_steps(self, run_id: str) -> dict[int, tuple[str, str]]:
+        """Position -> (tool name, idempotency key), for every tool step the log started."""
+        found: dict[int, tuple[str, str]] = {}
+        for _seq, kind, step, _fp, data, _at in self.events.get(run_id, []):
+            if kind == "STEP_STARTED" and data is not None and step not in found:
+                canonical = json.loads(data)
+                if canonical[0] == "tool":
+                    found[step] = (canonical[1], canonical[3] or f"durabl:{run_id}:{step}")
+        return found
+
+    def open_dispatches(self, run_id: str) -> dict[int, tuple[str, str]]:
+        """Tool steps whose latest attempt was dispatched and has no recorded outcome: the
+        ambiguous window, as a restarted process finds it."""
+        found = {}
+        for step, (name, key) in self.tool_steps(run_id).items():
+            kinds_here = [e[1] for e in self.at_step(run_id, step)]
+            if kinds_here and kinds_here[-1] == "TOOL_DISPATCHED":
+                found[step] = (name, key)
+        return found
+
+
+def assert_snapshot_gapless(snap: Snapshot) -> None:
+    """Every run's seq numbers are exactly 1..N, and every run has its RUN_STARTED."""
+    for run_id, rows in snap.events.items():
+        seqs = [row[0] for row in rows]
+        assert seqs == list(range(1, len(seqs) + 1)), f"run {run_id} has seqs {seqs}"
+        assert rows and rows[0][1] == "RUN_STARTED", f"run {run_id} does not begin RUN_STARTED"
+
+
+def assert_log_and_effects_agree(snap: Snapshot) -> None:
+    """The torn-write check: at whatever instant a process died, the side_effects table, the
+    key claims and the log describe the same history.
+
+    - every side_effects row belongs to a step of its run that the log shows finished
+      (STEP_COMPLETED with the same result, or STEP_FAILED for a recorded failure), and the
+      step's fingerprint is the row's;
+    - every tool step the log shows completed is backed by the row of its key, same result;
+    - every open key claim names a step that was dispatched and has no outcome yet.
+    """
+    for key, run_id, step, _tool, args_fp, result, error, _at in snap.effects.values():
+        rows = snap.at_step(run_id, step)
+        done = [r for r in rows if r[1] in ("STEP_COMPLETED", "STEP_FAILED")]
+        assert done, f"side effect {key!r} of run {run_id} step {step} has no completion in the log"
+        started = [r for r in rows if r[1] == "STEP_STARTED"]
+        assert started and started[0][3] == args_fp, f"{key!r} was recorded for another step"
+        if error is None:
+            assert done[-1][1] == "STEP_COMPLETED", f"{key!r}: the log ends the step {done[-1]}"
+            assert done[-1][4] == result, f"{key!r}: log says {done[-1][4]}, row says {result}"
+        else:
+            assert any(r[1] == "STEP_FAILED" for r in done), f"{key!r} failed, log: {done}"
+    for run_id in snap.runs:
+        for step, (_name, key) in snap.tool_steps(run_id).items():
+            completed = [r for r in snap.at_step(run_id, step) if r[1] == "STEP_COMPLETED"]
+            if completed:
+                assert key in snap.effects, (
+                    f"run {run_id} step {step} completed but side_effects has no row for {key!r}"
+                )
+                assert snap.effects[key][5] == completed[-1][4], f"{key!r} result differs"
+    for key, run_id, step in snap.claims:
+        kinds_here = [r[1] for r in snap.at_step(run_id, step)]
+        assert "TOOL_DISPATCHED" in kinds_here, f"claim {key!r} names an undispatched step"
+        assert not {"STEP_COMPLETED", "STEP_FAILED"} & set(kinds_here), (
+            f"claim {key!r} is still open although run {run_id} step {step} finished"
+        )
+
+
+def assert_snapshot_timers(snap: Snapshot, *, finished: bool) -> None:
+    """Timers fire at most once (exactly once in a ``finished`` database) and never early:
+    a Sleep fires at or after its deadline, a retry attempt starts at or after its backoff."""
+    for run_id, rows in snap.events.items():
+        armed: dict[int, float] = {}
+        fired: Counter[int] = Counter()
+        retry_at: dict[int, float] = {}
+        for _seq, kind, step, _fp, data, at_s in rows:
+            if kind == "TIMER_ARMED":
+                assert step not in armed, f"run {run_id} step {step} armed twice"
+                armed[step] = json.loads(data)["fire_at_s"]
+            elif kind == "TIMER_FIRED":
+                fired[step] += 1
+                assert step in armed, f"run {run_id} step {step} fired without being armed"
+                fired_at_s = json.loads(data)["fired_at_s"]
+                assert min(fired_at_s, at_s) >= armed[step], (
+                    f"run {run_id} step {step} fired at {fired_at_s}, due {armed[step]}"
+                )
+            elif kind == "STEP_RETRY":
+                retry_at[step] = json.loads(data)["retry_at_s"]
+            elif kind == "STEP_STARTED" and step in retry_at:
+                assert at_s >= retry_at[step], (
+                    f"run {run_id} step {step} retried at {at_s}, backoff until {retry_at[step]}"
+                )
+                del retry_at[step]
+        assert all(n == 1 for n in fired.values()), f"run {run_id} timers fired {dict(fired)}"
+        if finished:
+            assert set(fired) == set(armed), (
+                f"run {run_id} armed timers {sorted(armed)} but fired {sorted(fired)}"
+            )
+
+
+OUTCOMES = ("STEP_COMPLETED", "STEP_FAILED", "TIMER_FIRED", "CTX_RECORDED")
+
+
+def assert_steps_finish_once(snap: Snapshot, *, finished: bool) -> None:
+    """Each step position has at most one outcome and nothing after it: a finished step is served
+    from the log, never started again. In a ``finished`` database every step has its outcome."""
+    for run_id, rows in snap.events.items():
+        done: dict[int, int] = {}
+        for seq, kind, step, _fp, _data, _at in rows:
+            if step == 0:
+                continue
+            assert step not in done, (
+                f"run {run_id} step {step} has {kind} at seq {seq} after its outcome at seq "
+                f"{done[step]}"
+            )
+            if kind in OUTCOMES:
+                done[step] = seq
+        if finished:
+            started = {row[2] for row in rows if row[2]}
+            assert started == set(done), (
+                f"run {run_id} finished but steps {sorted(started - set(done))} have no outcome"
+            )
+
+
+__all__ += [
+    "Snapshot",
+    "assert_log_and_effects_agree",
+    "assert_snapshot_gapless",
+    "assert_snapshot_timers",
+    "assert_steps_finish_once",
+]

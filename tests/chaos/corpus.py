@@ -1,0 +1,262 @@
+"""The chaos grid's corpus: workflows, and an outside world that survives any process death.
+
+Every workflow is an ordinary durabl workflow. Between them they cover model calls (one that
+fails its first call and is retried with backoff), IDEMPOTENT and AT_MOST_ONCE tools, explicit
+and derived idempotency keys, a key asked for twice in one run and keys shared by two runs, Sleep
+timers (one of zero length), ctx.now/random/uuid, a tool retried with backoff after failing its
+first attempt, ToolFailed caught by the workflow (from an IDEMPOTENT tool that exhausts its
+retries and from an AT_MOST_ONCE tool that raises), and a long run of more than forty steps.
+Compaction is not in the corpus: it is not built yet.
+
+The world lives in files under the scenario's folder, never in a Runtime or in the memory of the
+process that dies: ``effects.jsonl`` is what the world has seen (the ledger the no-duplicate and
+same-as-reference oracles read), ``attempts.jsonl`` remembers which flaky endpoints have already
+failed once. A SIGKILLed child and the in-process harness therefore see the same world.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from durabl import ModelCall, RetryPolicy, Sleep, ToolCall, ToolFailed, tool
+from oracles.support import Outbox
+
+MODEL_RETRY = RetryPolicy(max_attempts=3, base_delay=2.0)
+"""The runtime-wide policy: it is what retries the model call that fails its first attempt."""
+FLAKY_RETRY = RetryPolicy(max_attempts=3, base_delay=5.0)
+BROKEN_RETRY = RetryPolicy(max_attempts=2, base_delay=1.0)
+AT_MOST_ONCE_TOOLS = frozenset({"charge", "decline"})
+LONG_ROUNDS = 18
+"""The long workflow's loop count: 18 rounds make a run of 44 step positions."""
+
+
+class CardDeclined(Exception):
+    """What the ``decline`` endpoint raises: it fails before any effect happens."""
+
+
+class World:
+    """The model and the tools, with state only in files under ``root``.
+
+    - ``send`` (IDEMPOTENT): delivers a message; honours the client key it is handed, like an
+      API that deduplicates on it, so a repeated call has no second effect.
+    - ``charge`` (AT_MOST_ONCE): takes money on every call; it cannot deduplicate. Its ledger
+      record carries the result, which is what an operator resolving a dead letter supplies.
+    - ``decline`` (AT_MOST_ONCE): always refuses, before anything happens.
+    - ``search`` (IDEMPOTENT): a pure lookup, no effect.
+    - ``flaky`` (IDEMPOTENT, 3 attempts, 5 s backoff): fails the first call for each key.
+    - ``broken`` (IDEMPOTENT, 2 attempts, 1 s backoff): always raises.
+    - the model answers deterministically; a prompt starting ``flaky:`` fails its first call.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.effects = Outbox(root / "effects.jsonl")
+        self.attempts = Outbox(root / "attempts.jsonl")
+        self.calls = 0
+        """Calls made through this instance (in memory: only the replay check reads it)."""
+
+    def _first_attempt(self, what: str) -> bool:
+        """True the first time ``what`` is asked for, in any process: it is then written down."""
+        if self.attempts.find(what) is not None:
+            return False
+        self.attempts.append({"key": what})
+        return True
+
+    # -- the model -------------------------------------------------------------------------
+
+    def llm(self, prompt: Any, **params: Any) -> dict[str, Any]:
+        self.calls += 1
+        text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
+        if text.startswith("flaky:") and self._first_attempt(f"llm:{text}"):
+            raise ConnectionError("model endpoint unavailable")
+        return {"text": f"answer({text})", "tokens": len(text), "params": params}
+
+    # -- the tools -------------------------------------------------------------------------
+
+    def send(self, *, to: str, body: str, idempotency_key: str) -> dict[str, Any]:
+        self.calls += 1
+        if self.effects.find(idempotency_key) is None:
+            self.effects.append({"tool": "send", "key": idempotency_key, "to": to, "body": body})
+        return {"sent": f"{to}:{body}"}
+
+    def charge(self, *, amount: int, memo: str, idempotency_key: str) -> dict[str, Any]:
+        self.calls += 1
+        digest = hashlib.sha256(idempotency_key.encode()).hexdigest()[:10]
+        result = {"charged": amount, "receipt": f"rcpt-{digest}"}
+        self.effects.append(
+            {"tool": "charge", "key": idempotency_key, "memo": memo, "result": result}
+        )
+        return result
+
+    def decline(self, *, amount: int) -> None:
+        self.calls += 1
+        raise CardDeclined(f"card declined for {amount}")
+
+    def search(self, *, q: str) -> list[str]:
+        self.calls += 1
+        return [f"{q}-1", f"{q}-2"]
+
+    def flaky(self, *, n: int, idempotency_key: str) -> int:
+        self.calls += 1
+        if self._first_attempt(f"flaky:{idempotency_key}"):
+            raise TimeoutError(f"flaky timed out for {idempotency_key}")
+        return n * 10
+
+    def broken(self, *, why: str) -> None:
+        self.calls += 1
+        raise ValueError(f"broken: {why}")
+
+    def tools(self) -> dict[str, Any]:
+        return {
+            "send": tool(self.send, mode="IDEMPOTENT"),
+            "charge": tool(self.charge, mode="AT_MOST_ONCE"),
+            "decline": tool(self.decline, mode="AT_MOST_ONCE"),
+            "search": tool(self.search, mode="IDEMPOTENT"),
+            "flaky": tool(self.flaky, mode="IDEMPOTENT", retry=FLAKY_RETRY),
+            "broken": tool(self.broken, mode="IDEMPOTENT", retry=BROKEN_RETRY),
+        }
+
+    def effect(self, key: str) -> dict[str, Any] | None:
+        """What the world saw for an idempotency key: how an operator checks a dead letter."""
+        return self.effects.find(key)
+
+
+# -- the workflows ---------------------------------------------------------------------------
+
+
+def research(ctx: Any, topic: str) -> Any:
+    """Model calls, a keyless IDEMPOTENT lookup, an explicit-key send, a timer."""
+    plan = yield ModelCall(f"plan {topic}")
+    hits = []
+    for q in (topic, plan["text"][:12]):
+        hits.extend((yield ToolCall("search", {"q": q})))
+    sent = yield ToolCall("send", {"to": "boss", "body": topic}, idempotency_key=f"report-{topic}")
+    yield Sleep(seconds=30)
+    summary = yield ModelCall({"summarise": hits}, temperature=0)
+    return {"hits": sorted(hits), "sent": sent, "summary": summary["tokens"]}
+
+
+def payment(ctx: Any, customer: str) -> Any:
+    """Derived keys on both modes, then an explicit key on an AT_MOST_ONCE tool, asked for twice
+    (the second time, durabl hands back the recorded effect without a call)."""
+    invoice = yield ToolCall("send", {"to": customer, "body": "invoice"})
+    first = yield ToolCall("charge", {"amount": 10, "memo": "first"})
+    second_key = f"second-{ctx.run_id}"
+    second = yield ToolCall("charge", {"amount": 20, "memo": "second"}, idempotency_key=second_key)
+    again = yield ToolCall("charge", {"amount": 20, "memo": "second"}, idempotency_key=second_key)
+    return [invoice, first, second, again == second]
+
+
+def clocked(ctx: Any, label: str) -> Any:
+    """ctx values, a zero-length timer (due as it is armed), two more timers, and a message whose
+    body carries a recorded uuid."""
+    started_s = ctx.now()
+    luck = ctx.random()
+    token = ctx.uuid()
+    yield Sleep(seconds=0)
+    yield Sleep(seconds=60)
+    woke_s = ctx.now()
+    sent = yield ToolCall("send", {"to": label, "body": f"token {token}"})
+    yield Sleep(hours=1)
+    woke_again_s = ctx.now()
+    return {
+        "started_s": started_s,
+        "luck": luck,
+        "token": token,
+        "slept": [woke_s - started_s >= 60, woke_again_s - woke_s >= 3600],
+        "sane": 0 <= luck < 1 and len(token) == 36,
+        "sent": sent,
+    }
+
+
+def retrying(ctx: Any, topic: str) -> Any:
+    """Retries with backoff (model and tool), ToolFailed caught from both tool modes."""
+    plan = yield ModelCall(f"flaky: plan retries for {topic}")
+    value = yield ToolCall("flaky", {"n": plan["tokens"]})
+    try:
+        yield ToolCall("broken", {"why": topic})
+        fallback = "none"
+    except ToolFailed as failed:
+        fallback = failed.error_type
+    try:
+        yield ToolCall("decline", {"amount": 99})
+        declined = "none"
+    except ToolFailed as failed:
+        declined = failed.error_type
+    sent = yield ToolCall("send", {"to": "retry", "body": f"{value}/{fallback}/{declined}"})
+    return [value, fallback, declined, sent]
+
+
+def shared(ctx: Any, order: int, lag_s: int) -> Any:
+    """Two runs hold the same explicit keys: one charge and one notice for one order."""
+    note = yield ModelCall(f"note for order {order}")
+    yield Sleep(seconds=10 + lag_s)
+    paid = yield ToolCall(
+        "charge", {"amount": order, "memo": f"order {order}"}, idempotency_key=f"order-{order}"
+    )
+    told = yield ToolCall(
+        "send",
+        {"to": "billing", "body": f"order {order} paid"},
+        idempotency_key=f"order-{order}-notice",
+    )
+    return {"note": note["text"], "paid": paid, "told": told}
+
+
+def long(ctx: Any, rounds: int) -> Any:
+    """A long run: 44 step positions, two timers, explicit keys along the way, a final charge."""
+    notes = []
+    for i in range(rounds):
+        hits = yield ToolCall("search", {"q": f"topic-{i}"})
+        note = yield ModelCall(f"note {i}: {hits[0]}")
+        notes.append(note["tokens"])
+        if i % 4 == 3:
+            yield ToolCall(
+                "send", {"to": "digest", "body": note["text"]}, idempotency_key=f"digest-{i}"
+            )
+        if i in (6, 12):
+            yield Sleep(minutes=5)
+    stamp = ctx.uuid()
+    paid = yield ToolCall("charge", {"amount": sum(notes), "memo": "long"})
+    return {"notes": notes, "stamp": stamp, "paid": paid}
+
+
+def mixed(ctx: Any, topic: str) -> Any:
+    """A model call, a timer, an explicit-key charge, a uuid, a derived-key send."""
+    idea = yield ModelCall(f"idea for {topic}")
+    yield Sleep(seconds=10)
+    paid = yield ToolCall(
+        "charge", {"amount": idea["tokens"], "memo": topic}, idempotency_key=f"pay-{topic}"
+    )
+    tag = ctx.uuid()
+    sent = yield ToolCall("send", {"to": "mixed", "body": idea["text"]})
+    return {"paid": paid, "sent": sent, "tag": tag}
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One workflow of the corpus and the runs a process boots with (started in this order)."""
+
+    name: str
+    fn: Callable[..., Any]
+    runs: tuple[tuple[str, dict[str, Any]], ...]
+
+
+CORPUS: tuple[Spec, ...] = (
+    Spec("chaos.research", research, (("research-1", {"topic": "otters"}),)),
+    Spec("chaos.payment", payment, (("payment-1", {"customer": "acme"}),)),
+    Spec("chaos.clocked", clocked, (("clocked-1", {"label": "alarm"}),)),
+    Spec("chaos.retrying", retrying, (("retrying-1", {"topic": "otters"}),)),
+    Spec(
+        "chaos.shared",
+        shared,
+        (("shared-a", {"order": 42, "lag_s": 0}), ("shared-b", {"order": 42, "lag_s": 5})),
+    ),
+    Spec("chaos.long", long, (("long-1", {"rounds": LONG_ROUNDS}),)),
+    Spec("chaos.mixed", mixed, (("mixed-1", {"topic": "kelp"}),)),
+)
+SPECS = {spec.name: spec for spec in CORPUS}
+WORKFLOWS = {spec.name: spec.fn for spec in CORPUS}

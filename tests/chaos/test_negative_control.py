@@ -1,0 +1,140 @@
+"""The negative control (SPEC §12): the harness must catch every broken runtime, every time,
+and must never flag the real one.
+
+The broken runtimes are real ``Runtime`` subclasses (``broken_runtime.py``); the schedules and
+the runner live in ``negative_control.py``, which ``scripts/negative_control_report.py`` also
+runs, so the table it prints is what these tests assert.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from durabl import Runtime, crashpoints
+
+from . import broken_runtime as broken
+from .negative_control import (
+    AGENT,
+    AT_REST,
+    BROKEN,
+    CONTROL,
+    SHARED,
+    TOOLS,
+    TORN,
+    WINDOW,
+    Bench,
+    Variant,
+    control_schedules,
+)
+
+SPLIT = {
+    broken.SplitEffectFirst: broken.SPLIT_EFFECT_FIRST_GAP,
+    broken.SplitCompletionFirst: broken.SPLIT_COMPLETION_FIRST_GAP,
+}
+MIN_SCHEDULES = 6
+"""No broken runtime may be judged on fewer schedules than this."""
+TOOL_STEP_POINTS = {
+    crashpoints.BEFORE_STEP_STARTED,
+    crashpoints.AFTER_STEP_STARTED,
+    crashpoints.AFTER_TOOL_DISPATCHED,
+    crashpoints.AFTER_TOOL_RETURNED,
+    crashpoints.AFTER_STEP_COMMITTED,
+}
+
+
+@pytest.fixture(scope="module")
+def bench() -> Iterator[Bench]:
+    tmpfs = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    scratch = Path(tempfile.mkdtemp(prefix="durabl-negative-", dir=tmpfs))
+    try:
+        yield Bench(scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_there_are_at_least_five_broken_runtimes_and_each_is_a_real_runtime() -> None:
+    assert len(BROKEN) >= 5
+    assert len({v.runtime for v in BROKEN}) == len(BROKEN)
+    for variant in BROKEN:
+        assert issubclass(variant.runtime, Runtime) and variant.runtime is not Runtime
+    assert CONTROL.runtime is Runtime
+
+
+@pytest.mark.parametrize("variant", BROKEN, ids=[v.name for v in BROKEN])
+def test_every_broken_runtime_is_flagged_on_every_one_of_its_schedules(
+    bench: Bench, variant: Variant
+) -> None:
+    report = bench.run_variant(variant)
+
+    assert len(report.outcomes) >= MIN_SCHEDULES
+    planned = [o for o in report.outcomes if o.schedule.point is not None]
+    assert planned, "a negative control with no death aims at nothing"
+    assert all(o.died for o in planned), [o.schedule.label for o in planned if not o.died]
+    missed = [o.schedule.label for o in report.outcomes if not o.flagged]
+    assert not missed, f"{variant.name} got through: {missed}"
+
+
+@pytest.mark.parametrize("cls", list(SPLIT), ids=lambda cls: cls.__name__)
+def test_the_split_runtimes_die_in_their_own_gap_and_only_the_crashed_file_shows_it(
+    bench: Bench, cls: type[Runtime]
+) -> None:
+    [variant] = [v for v in BROKEN if v.runtime is cls]
+    report = bench.run_variant(variant)
+
+    assert {o.schedule.point for o in report.outcomes} == {SPLIT[cls]}
+    assert all(TORN in o.flags for o in report.outcomes)
+    # The recovery path consults the side_effects table as well as the log, so it heals some
+    # of these: a check that only looked at the end would have let them through.
+    healed = [o.schedule.label for o in report.outcomes if set(o.flags) == {TORN}]
+    assert healed, "expected some split schedules to be visible only before resume"
+    assert all(AT_REST not in o.flags for o in report.outcomes if o.schedule.label in healed)
+
+
+def test_the_dispatch_schedules_die_inside_the_window_of_an_at_most_once_tool(
+    bench: Bench,
+) -> None:
+    for variant in BROKEN:
+        if variant.runtime in (broken.IgnoresDispatched, broken.SkipsDispatchMarker):
+            report = bench.run_variant(variant)
+            assert all(o.schedule.point in WINDOW and o.in_window for o in report.outcomes)
+            scenarios = {o.schedule.scenario.name for o in report.outcomes}
+            assert SHARED["charge"].name in scenarios and TOOLS.name in scenarios
+
+
+def test_the_real_runtime_is_flagged_on_none_of_the_same_schedules(bench: Bench) -> None:
+    report = bench.run_variant(CONTROL)
+    schedules = control_schedules(bench)
+
+    assert [o.schedule for o in report.outcomes] == schedules
+    assert not any(o.schedule.point in broken.PROBES for o in report.outcomes)
+    for variant in BROKEN:
+        for schedule in variant.schedules(bench):
+            if schedule.point not in broken.PROBES:
+                assert schedule in schedules, f"{variant.name}: {schedule.label}"
+    planned = [o for o in report.outcomes if o.schedule.point is not None]
+    assert all(o.died for o in planned), [o.schedule.label for o in planned if not o.died]
+    flagged = {o.schedule.label: o.flags for o in report.outcomes if o.flagged}
+    assert flagged == {}, f"the real runtime was flagged: {flagged}"
+    assert sum(o.in_window for o in report.outcomes) >= 4, "no death in the ambiguous window"
+
+
+def test_the_real_runtime_has_no_instant_between_effect_and_completion(bench: Bench) -> None:
+    assert not set(broken.PROBES) & set(crashpoints.ALL)
+    assert not [p for p in crashpoints.ALL if "split" in p or "gap" in p]
+
+    for scenario in (TOOLS, AGENT, SHARED["charge"]):
+        seen, torn = bench.inspect_every_point(Runtime, scenario)
+        assert set(seen) >= TOOL_STEP_POINTS, seen
+        assert torn == [], f"{scenario.name}: {torn}"
+
+    # The same inspection does see the gap a split runtime opens, at its probe.
+    for cls, probe in SPLIT.items():
+        seen, torn = bench.inspect_every_point(cls, TOOLS)
+        assert seen[probe] == 4
+        assert len([t for t in torn if t.startswith(f"{probe} ")]) == 4, torn
