@@ -34,15 +34,33 @@ _driving: dict[str, str] = {}
 _driving_lock = threading.Lock()
 
 
-def process_started(pid: int) -> str | None:
-    """The kernel's start time of process ``pid`` (Linux), which tells a reused pid apart."""
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (Linux): state first."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
             stat = handle.read()
     except OSError:
         return None
-    fields = stat[stat.rfind(")") + 2 :].split()
-    return fields[19] if len(fields) > 19 else None
+    return stat[stat.rfind(")") + 2 :].split()
+
+
+def process_started(pid: int) -> str | None:
+    """The kernel's start time of process ``pid`` (Linux), which tells a reused pid apart."""
+    fields = _stat(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else None
+
+
+def _exited(pid: int, fields: list[str] | None) -> bool:
+    """True when ``pid`` is a zombie: it has exited and only waits for its parent to reap it.
+    Signal 0 still reaches a zombie, so without this check a killed owner whose parent has not
+    called wait() yet would keep its runs until the lease expired. (A leader thread that exited
+    while other threads of its process still run shows as a zombie too: not exited.)"""
+    if fields is None or not fields or fields[0] not in ("Z", "X"):
+        return False
+    try:
+        return os.listdir(f"/proc/{pid}/task") in ([], [str(pid)])
+    except OSError:
+        return True
 
 
 MY_PID = os.getpid()
@@ -62,7 +80,10 @@ def owner_gone(run_id: str, lease: Lease) -> bool:
         return True
     except PermissionError:
         pass
-    started = process_started(lease.pid)
+    fields = _stat(lease.pid)
+    if _exited(lease.pid, fields):
+        return True
+    started = fields[19] if fields is not None and len(fields) > 19 else None
     return lease.started is not None and started is not None and started != lease.started
 
 

@@ -2,9 +2,10 @@
 
 The command runs in its own process group (a timeout kills the whole group) and, on Linux, is
 given ``PR_SET_PDEATHSIG``: when the agent process dies, even by SIGKILL, the kernel sends the
-command SIGKILL too. That setting survives ``exec`` but not ``fork``: a simple command (which
-``sh -c`` runs by exec) is covered; children that a compound command forks are not, so give
-those their own ``exec`` or a process that supervises them.
+command SIGKILL too. That setting survives ``exec`` but not ``fork``, and a shell may fork even a
+simple command (dash does for ``sh -c "sleep 30"``), so a guard process watches the agent as well:
+it holds the read end of a pipe only the agent can write to, and when the agent dies (end of file
+without a "done") it kills the command's whole process group, forked children included.
 
 The step's idempotency key is in the command's environment as ``DURABL_IDEMPOTENCY_KEY``.
 """
@@ -72,6 +73,7 @@ def run_command(
         start_new_session=True,
         preexec_fn=lambda: _die_with(parent),
     )
+    guard = _guard(proc.pid)
     try:
         stdout, stderr = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -83,10 +85,40 @@ def run_command(
     except BaseException:
         _kill_group(proc.pid)
         raise
+    finally:
+        _stand_down(guard)
     if check and proc.returncode != 0:
         tail = stderr.strip().splitlines()[-1:] or ["(no output on stderr)"]
         raise CommandFailed(f"command {command!r} exited with {proc.returncode}: {tail[0]}")
     return {"returncode": proc.returncode, "stdout": stdout, "stderr": stderr}
+
+
+_GUARD_SCRIPT = 'read -r word; [ "$word" = done ] || kill -9 "-$1" 2>/dev/null'
+
+
+def _guard(pgid: int) -> subprocess.Popen[bytes] | None:
+    """A process that kills group ``pgid`` if this process dies before it says "done": the
+    pipe's write end is this process's alone (children do not inherit it), so its death is an
+    end of file."""
+    try:
+        return subprocess.Popen(
+            ["/bin/sh", "-c", _GUARD_SCRIPT, "durabl-shell-guard", str(pgid)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except OSError:  # no /bin/sh: PR_SET_PDEATHSIG alone still covers a command that execs
+        return None
+
+
+def _stand_down(guard: subprocess.Popen[bytes] | None) -> None:
+    if guard is None or guard.stdin is None:
+        return
+    with contextlib.suppress(OSError):
+        guard.stdin.write(b"done\n")
+        guard.stdin.close()
+    guard.wait()
 
 
 def _kill_group(pgid: int) -> None:

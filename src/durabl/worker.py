@@ -53,7 +53,11 @@ class Worker:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._in_flight: dict[str, Future[None]] = {}
-        self._failed: dict[str, float] = {}  # run id -> when its last drive failed (monotonic)
+        # run id -> when its last failed drive was submitted (monotonic). The submission, not the
+        # failure: the failure lands a moment after a scan, and timing the gate from it would
+        # make the next scan skip the run, so that a run another process holds (or a dead
+        # owner's run) was looked at only every other scan.
+        self._failed: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def stop(self) -> None:
@@ -99,7 +103,7 @@ class Worker:
                     failed_at_s is not None and time.monotonic() - failed_at_s < self.poll_s
                 ):
                     continue
-                future = pool.submit(self._drive, run_id)
+                future = pool.submit(self._drive, run_id, time.monotonic())
                 self._in_flight[run_id] = future
             future.add_done_callback(functools.partial(self._done, run_id))
 
@@ -108,23 +112,29 @@ class Worker:
             self._in_flight.pop(run_id, None)
         self._wake.set()  # a finished drive may have left more work (a retry due now, say)
 
-    def _note_failure(self, run_id: str) -> None:
+    def _note_failure(self, run_id: str, submitted_s: float) -> None:
         with self._lock:
-            self._failed[run_id] = time.monotonic()
+            self._failed[run_id] = submitted_s
 
-    def _drive(self, run_id: str) -> None:
+    def _drive(self, run_id: str, submitted_s: float) -> None:
         row = self.rt.store.get_run(run_id)
         if row is None or row.status in events.TERMINAL_STATUSES:
             return
+        wrote_before = run_id in self.rt._owned
         try:
             state = self.rt._resume_row(row)
         except RunLeased:
-            self._note_failure(run_id)  # another worker has it: look again later
+            self._note_failure(run_id, submitted_s)  # another worker has it: look again later
             return
         except Exception as exc:  # one broken run never stops the others
             logger.warning("run %s (%s): %s", run_id, row.workflow, exc)
             self.stats.errors.append(f"{run_id}: {type(exc).__name__}: {exc}")
-            self._note_failure(run_id)
+            self._note_failure(run_id, submitted_s)
+            return
+        if not wrote_before and run_id not in self.rt._owned:
+            # This drive wrote nothing to the run. Typically another worker finished it between
+            # the look above and the lease, and it came back COMPLETED without this worker's
+            # doing: counting it would count one run as completed by two workers.
             return
         self.stats.drives += 1
         if state.status == events.COMPLETED:
