@@ -52,6 +52,14 @@ class NonDeterminismError(DurablError):
         )
 
 
+class LeaseLost(DurablError):
+    """Another process took this run over; this process must stop driving it without writing."""
+
+
+class RunLeased(DurablError):
+    """Another live process is driving this run right now."""
+
+
 class DeadLetteredError(DurablError):
     """The run is stopped on a dead-lettered step and needs an operator: redrive, resolve or cancel."""
 

@@ -7,18 +7,20 @@ database never disagree. Decisions about a yielded step come from the pure ``rep
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from durabl import codec, crashpoints, events, replay
+from durabl import codec, crashpoints, events, leases, replay
 from durabl import workflow as workflows
 from durabl.context import Context
 from durabl.errors import (
@@ -44,6 +46,7 @@ from durabl.steps import CtxValue, ModelCall, Sleep, Step, ToolCall, derived_key
 from durabl.store import Commit, KeyClaim, RunRow, SideEffect, SQLiteStore, Store
 from durabl.store.base import UNCHANGED
 from durabl.tools import RetryPolicy, Tool, ToolMode, build_registry
+from durabl.worker import POLL_S, Worker, WorkerStats
 from durabl.workflow import Workflow
 
 logger = logging.getLogger("durabl")
@@ -127,6 +130,7 @@ class _Drive:
         self.error = row.error
         self.hold: DurablError | None = None
         self.fatal: Exception | None = None
+        self.token: int | None = None
         self.next_step: str | None = None
         self.result: Any = None
         self.wake_at_s = row.wake_at_s
@@ -179,6 +183,7 @@ class Runtime:
         workflows: Iterable[Any] | Mapping[str, Any] | None = None,
         durability: str = "full",
         store: Store | None = None,
+        lease_s: float = leases.LEASE_S,
     ) -> None:
         if llm is not None and not callable(llm):
             raise TypeError(
@@ -200,6 +205,9 @@ class Runtime:
             else SQLiteStore("durabl.db" if db is None else db, durability=durability)
         )
         self.instance_id = uuid.uuid4().hex
+        self._leaser = leases.Leaser(self.store, self.instance_id, lease_s)
+        self._stopping = threading.Event()
+        self._worker: Worker | None = None
         self._owned: set[str] = set()
         self._policies: dict[str, RetryPolicy] = {}
         self._boundary = {
@@ -210,7 +218,23 @@ class Runtime:
 
     # -- lifecycle -------------------------------------------------------------------------
 
+    def serve(self, *, concurrency: int = 1, poll_s: float = POLL_S) -> WorkerStats:
+        """Run a worker on this runtime until ``stop()`` is called (from another thread or a
+        signal handler): resume interrupted runs, fire timers as they come due."""
+        worker = Worker(self, concurrency=concurrency, poll_s=poll_s)
+        self._worker = worker
+        if self._stopping.is_set():
+            worker.stop()
+        return worker.run()
+
+    def stop(self) -> None:
+        """Ask a serving runtime to let its current steps finish, park, and return."""
+        self._stopping.set()
+        if self._worker is not None:
+            self._worker.stop()
+
     def close(self) -> None:
+        self._leaser.close()
         self.store.close()
 
     def __enter__(self) -> Runtime:
@@ -243,7 +267,19 @@ class Runtime:
             raise TypeError(f"run_id must be a non-empty string, got {run_id!r}")
         now_s = self._clock()
         started = codec.encode({"workflow": wf.name, "input": value, **self._boundary})
-        row = RunRow(run_id, wf.name, input_text, events.RUNNING, None, None, now_s, now_s, None, 0)
+        row = RunRow(
+            run_id,
+            wf.name,
+            input_text,
+            events.RUNNING,
+            None,
+            None,
+            now_s,
+            now_s,
+            None,
+            0,
+            lease=self._leaser.lease(),
+        )
         existing = self.store.create_run(row, Event(1, events.RUN_STARTED, 0, None, started, now_s))
         if existing is not None:
             if existing.workflow != wf.name or existing.input_text != input_text:
@@ -256,9 +292,10 @@ class Runtime:
                 return self._resume_row(existing, wf)
             return self.state(run_id)
         self._owned.add(run_id)
-        crashpoints.reach(crashpoints.AFTER_RUN_STARTED)
         self._register(wf)
-        return self._resume_row(row, wf)
+        with self._owning(run_id, token=1) as (row, token):
+            crashpoints.reach(crashpoints.AFTER_RUN_STARTED)
+            return self._drive_owned(row, wf, None, token)
 
     def resume(self, run_id: str) -> RunState:
         """Drive an existing run on from where its log ends."""
@@ -343,51 +380,56 @@ class Runtime:
 
     def redrive(self, run_id: str) -> RunState:
         """Call the dead-lettered step again (the operator accepts a possible duplicate)."""
-        row, event = self._dead_lettered(run_id)
-        d = self._new_drive(row, workflows.resolve(row.workflow, self._workflows), None, dry=False)
-        self._commit(d, [(events.DLQ_REDRIVEN, None, None)], step=event.step)
-        return self._resume_row(self._row(run_id))
+        with self._owning(run_id) as (row, token):
+            event = self._dead_letter_event(self._check_dead(row))
+            wf = workflows.resolve(row.workflow, self._workflows)
+            d = self._new_drive(row, wf, None, dry=False, token=token)
+            self._commit(d, [(events.DLQ_REDRIVEN, None, None)], step=event.step)
+            return self._drive_owned(self._row(run_id), wf, None, token)
 
     def resolve(self, run_id: str, result: Any) -> RunState:
         """Supply the dead-lettered step's result (the operator checked what happened)."""
-        row, event = self._dead_lettered(run_id)
-        data = codec.decode(event.data or "{}")
-        text, _ = codec.round_trip(result, what=f"resolution of run {run_id} step {event.step}")
-        explicit_key = data.get("key")
-        key = explicit_key or derived_key(run_id, event.step)
-        if self.store.side_effect(key) is not None:
-            raise InvalidStateError(
-                f"idempotency key {key!r} already has a recorded effect; redrive run "
-                f"{run_id} to pick it up instead of resolving it"
+        with self._owning(run_id) as (row, token):
+            event = self._dead_letter_event(self._check_dead(row))
+            data = codec.decode(event.data or "{}")
+            what = f"resolution of run {run_id} step {event.step}"
+            text, _ = codec.round_trip(result, what=what)
+            explicit_key = data.get("key")
+            key = explicit_key or derived_key(run_id, event.step)
+            if self.store.side_effect(key) is not None:
+                raise InvalidStateError(
+                    f"idempotency key {key!r} already has a recorded effect; redrive run "
+                    f"{run_id} to pick it up instead of resolving it"
+                )
+            effect = SideEffect(
+                key, run_id, event.step, data["tool"], data["fp"], text, None, self._clock()
             )
-        effect = SideEffect(
-            key, run_id, event.step, data["tool"], data["fp"], text, None, self._clock()
-        )
-        d = self._new_drive(row, workflows.resolve(row.workflow, self._workflows), None, dry=False)
-        self._commit(
-            d,
-            [(events.DLQ_RESOLVED, None, None), (events.STEP_COMPLETED, None, text)],
-            step=event.step,
-            side_effect=effect,
-            release_claim=explicit_key,
-            durable=True,
-        )
-        return self._resume_row(self._row(run_id))
+            wf = workflows.resolve(row.workflow, self._workflows)
+            d = self._new_drive(row, wf, None, dry=False, token=token)
+            self._commit(
+                d,
+                [(events.DLQ_RESOLVED, None, None), (events.STEP_COMPLETED, None, text)],
+                step=event.step,
+                side_effect=effect,
+                release_claim=explicit_key,
+                durable=True,
+            )
+            return self._drive_owned(self._row(run_id), wf, None, token)
 
     def cancel(self, run_id: str, reason: str = "cancelled by operator") -> RunState:
         """End a run that has not finished. Recorded in the log; the run never resumes."""
-        row = self._row(run_id)
-        if row.status in events.TERMINAL_STATUSES:
-            raise InvalidStateError(f"run {run_id} is already {row.status}; nothing to cancel")
-        d = self._new_drive(row, None, None, dry=False)
-        self._commit(
-            d,
-            [(events.RUN_CANCELLED, None, codec.encode({"reason": reason}))],
-            status=events.CANCELLED,
-            error=f"cancelled: {reason}",
-            wake_at_s=None,
-            durable=True,
-        )
+        with self._owning(run_id) as (row, token):
+            if row.status in events.TERMINAL_STATUSES:
+                raise InvalidStateError(f"run {run_id} is already {row.status}; nothing to cancel")
+            d = self._new_drive(row, None, None, dry=False, token=token)
+            self._commit(
+                d,
+                [(events.RUN_CANCELLED, None, codec.encode({"reason": reason}))],
+                status=events.CANCELLED,
+                error=f"cancelled: {reason}",
+                wake_at_s=None,
+                durable=True,
+            )
         return self.state(run_id)
 
     # -- driving ---------------------------------------------------------------------------
@@ -414,24 +456,65 @@ class Runtime:
             )
 
     def _resume_row(
-        self, row: RunRow, wf: Workflow | None = None, now_s: float | None = None
+        self,
+        row: RunRow,
+        wf: Workflow | None = None,
+        now_s: float | None = None,
+        token: int | None = None,
     ) -> RunState:
         if row.status in events.TERMINAL_STATUSES or row.status == events.DEAD_LETTERED:
             return self.state(row.run_id)
+        wf = wf or workflows.resolve(row.workflow, self._workflows)  # before touching the run
+        with self._owning(row.run_id, token) as (row, token):
+            return self._drive_owned(row, wf, now_s, token)
+
+    def _drive_owned(
+        self, row: RunRow, wf: Workflow | None, now_s: float | None, token: int
+    ) -> RunState:
+        """Drive a run whose lease this runtime holds with ``token``."""
+        if row.status in events.TERMINAL_STATUSES or row.status == events.DEAD_LETTERED:
+            return self.state(row.run_id)
         wf = wf or workflows.resolve(row.workflow, self._workflows)
-        d = self._new_drive(row, wf, now_s, dry=False)
+        d = self._new_drive(row, wf, now_s, dry=False, token=token)
         self._drive(d)
         if d.hold is not None:
             raise d.hold
         return self._state_of(d)
 
+    @contextlib.contextmanager
+    def _owning(self, run_id: str, token: int | None = None) -> Iterator[tuple[RunRow, int]]:
+        """Hold the run's lease for the block: the fresh row and the fencing token to write
+        with. A simulated death leaves the lease in the database, as a real one would."""
+        with leases.driving(run_id, self.instance_id):
+            if token is None:
+                token = self._leaser.acquire(self._row(run_id))
+            else:
+                self._leaser.hold(run_id, token)
+            try:
+                yield self._row(run_id), token
+            except crashpoints.ProcessDeath:
+                self._leaser.forget(run_id)
+                raise
+            except BaseException:
+                self._leaser.release(run_id)
+                raise
+            self._leaser.release(run_id)
+
     def _new_drive(
-        self, row: RunRow, wf: Workflow | None, now_s: float | None, *, dry: bool
+        self,
+        row: RunRow,
+        wf: Workflow | None,
+        now_s: float | None,
+        *,
+        dry: bool,
+        token: int | None = None,
     ) -> _Drive:
         history = History.from_events(
             row.run_id, self.store.load_log(row.run_id), watermark=row.watermark
         )
-        return _Drive(self, row, wf, history, now_s, dry)  # type: ignore[arg-type]
+        d = _Drive(self, row, wf, history, now_s, dry)  # type: ignore[arg-type]
+        d.token = token
+        return d
 
     def _state_of(self, d: _Drive) -> RunState:
         row = self.store.get_run(d.run_id) or d.row
@@ -508,8 +591,8 @@ class Runtime:
         if d.dry:
             d.next_step = step.describe()
             raise _Park()
-        if action == replay.DEAD:
-            raise _Park()
+        if action == replay.DEAD or self._stopping.is_set():
+            raise _Park()  # dead-lettered, or the process is shutting down: leave it here
         if isinstance(step, Sleep):
             return self._sleep(d, step, rec)
         if action == replay.WAIT and rec is not None and d.now() < (rec.wake_at_s or 0.0):
@@ -1003,6 +1086,7 @@ class Runtime:
                 release_claim=release_claim,
                 durable=durable,
                 at_s=now_s,
+                fence=d.token,
             )
         )
         if new:
@@ -1012,11 +1096,10 @@ class Runtime:
         d.status = status
         d.error = error if error is not None else (None if clear_error else d.error)
 
-    def _dead_lettered(self, run_id: str) -> tuple[RunRow, Event]:
-        row = self._row(run_id)
+    def _check_dead(self, row: RunRow) -> RunRow:
         if row.status != events.DEAD_LETTERED:
-            raise InvalidStateError(f"run {run_id} is {row.status}, not dead-lettered")
-        return row, self._dead_letter_event(row)
+            raise InvalidStateError(f"run {row.run_id} is {row.status}, not dead-lettered")
+        return row
 
     def _dead_letter_event(self, row: RunRow) -> Event:
         for event in reversed(self.store.load_log(row.run_id)):

@@ -29,6 +29,7 @@ import pytest
 import durabl
 from durabl import Runtime, SchemaVersionError, Sleep, StorageError, ToolCall, tool
 from durabl.store import SQLiteStore
+from durabl.store.sqlite import SCHEMA_VERSION
 
 # -- a real durabl database to damage -------------------------------------------------------
 
@@ -254,7 +255,7 @@ def test_a_database_from_a_newer_durabl_is_refused_untouched(tmp_path: Path) -> 
     assert "99" in str(err)
 
     conn = sqlite3.connect(path)
-    conn.execute("PRAGMA user_version = 1")
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     conn.commit()
     conn.close()
     with runtime(path) as rt:

@@ -16,6 +16,22 @@ UNCHANGED: float = float("-inf")
 
 
 @dataclass(slots=True, frozen=True)
+class Lease:
+    """Who drives a run: a runtime instance in one process, until ``expires_s`` (wall clock).
+
+    ``token`` is the fencing token: it grows by one with every change of owner, and every
+    write the owner makes carries it, so a stale owner's writes are refused.
+    """
+
+    owner: str
+    pid: int
+    host: str
+    started: str | None
+    expires_s: float
+    token: int = 0
+
+
+@dataclass(slots=True, frozen=True)
 class RunRow:
     """One run's row: its identity and the state the runtime keeps beside the log."""
 
@@ -29,6 +45,8 @@ class RunRow:
     updated_s: float
     wake_at_s: float | None
     watermark: int
+    lease: Lease | None = None
+    lease_token: int = 0
 
 
 @dataclass(slots=True, frozen=True)
@@ -72,6 +90,7 @@ class Commit:
     release_claim: str | None = None
     durable: bool = False
     at_s: float = 0.0
+    fence: int | None = None
 
 
 class Store(Protocol):
@@ -81,7 +100,8 @@ class Store(Protocol):
     durability: str
 
     def create_run(self, row: RunRow, first: Event) -> RunRow | None:
-        """Insert the run row and its RUN_STARTED event in one transaction, durably.
+        """Insert the run row (with its lease, if ``row.lease`` is set: token 1) and its
+        RUN_STARTED event in one transaction, durably.
 
         Returns None when created; when a run with this id already exists, changes nothing and
         returns the existing row.
@@ -110,7 +130,8 @@ class Store(Protocol):
         with no gap, enforced by the database), update the run row, insert the side_effects row
         (refusing to overwrite an existing key), set or release the key claim, and set the timer.
         With ``durable`` and durability "full", the commit is on stable storage when this
-        returns.
+        returns. With a ``fence``, the whole commit is refused with ``LeaseLost`` unless the
+        run's lease token is still ``fence``.
         """
 
     def side_effect(self, key: str) -> SideEffect | None:
@@ -124,6 +145,18 @@ class Store(Protocol):
 
     def next_wake_s(self) -> float | None:
         """The earliest armed timer over all runs, or None."""
+
+    def take_lease(self, run_id: str, seen_token: int, lease: Lease) -> int | None:
+        """Make ``lease`` the run's lease if its token is still ``seen_token`` (compare and
+        swap, one transaction). Returns the new token (seen_token + 1), or None if another
+        process changed the lease first."""
+
+    def renew_lease(self, run_id: str, token: int, owner: str, expires_s: float) -> bool:
+        """Extend a lease still held with ``token`` by ``owner``. No fsync: a renewal lost to a
+        power cut only makes the lease expire sooner. False if the lease is gone."""
+
+    def release_lease(self, run_id: str, token: int) -> None:
+        """Give up the lease held with ``token`` (nothing happens if it was already taken)."""
 
     def close(self) -> None:
         """Release the database. Idempotent."""

@@ -21,9 +21,9 @@ from typing import Any
 from urllib.request import pathname2url
 
 from durabl import codec
-from durabl.errors import SchemaVersionError, StorageError
+from durabl.errors import DurablError, LeaseLost, SchemaVersionError, StorageError
 from durabl.events import Event
-from durabl.store.base import UNCHANGED, Commit, KeyClaim, RunRow, SideEffect
+from durabl.store.base import UNCHANGED, Commit, KeyClaim, Lease, RunRow, SideEffect
 
 APPLICATION_ID = 0x64726231  # "drb1": marks a file as a durabl database
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -56,7 +56,23 @@ SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 
 def _run_row(row: tuple[Any, ...]) -> RunRow:
-    return RunRow(*row)
+    run_id, workflow, input_text, status, result, error, created_s, updated_s, wake, mark = row[:10]
+    owner, pid, host, started, expires_s, token = row[10:16]
+    lease = None if owner is None else Lease(owner, pid, host, started, expires_s, token)
+    return RunRow(
+        run_id,
+        workflow,
+        input_text,
+        status,
+        result,
+        error,
+        created_s,
+        updated_s,
+        wake,
+        mark,
+        lease=lease,
+        lease_token=token,
+    )
 
 
 class SQLiteStore:
@@ -204,18 +220,16 @@ class SQLiteStore:
             existing = conn.execute(Q["get_run"], (row.run_id,)).fetchone()
             if existing is not None:
                 return _run_row(existing)
-            conn.execute(
-                Q["insert_run"],
-                (
-                    row.run_id,
-                    row.workflow,
-                    row.input_text,
-                    row.status,
-                    row.created_s,
-                    row.updated_s,
-                ),
+            lease = row.lease
+            held = (
+                (None,) * 5
+                if lease is None
+                else (lease.owner, lease.pid, lease.host, lease.started, lease.expires_s)
             )
-            self._insert_event(conn, row.run_id, first)
+            token = 0 if lease is None else 1
+            run = (row.run_id, row.workflow, row.input_text, row.status, row.created_s)
+            conn.execute(Q["insert_run"], (*run, row.updated_s, *held, token))
+            conn.execute(*_event_insert(row.run_id, first, None if lease is None else token))
         return None
 
     def get_run(self, run_id: str) -> RunRow | None:
@@ -250,7 +264,7 @@ class SQLiteStore:
 
     def commit(self, commit: Commit) -> None:
         statements: list[tuple[str, tuple[Any, ...]]] = [
-            _event_insert(commit.run_id, event) for event in commit.events
+            _event_insert(commit.run_id, event, commit.fence) for event in commit.events
         ]
         if commit.side_effect is not None:
             e = commit.side_effect
@@ -269,6 +283,7 @@ class SQLiteStore:
             or commit.error is not None
             or commit.clear_error
             or set_wake
+            or (commit.fence is not None and not commit.events)
         ):
             update = (
                 commit.run_id,
@@ -279,10 +294,11 @@ class SQLiteStore:
                 set_wake,
                 commit.wake_at_s if set_wake else None,
                 commit.at_s,
+                commit.fence,
             )
             statements.append((Q["update_run"], update))
         try:
-            self._apply(statements, commit.durable)
+            changed = self._apply(statements, commit.durable)
         except StorageError as exc:
             effect = commit.side_effect
             if effect is not None and "second side effect" in str(exc):
@@ -292,22 +308,44 @@ class SQLiteStore:
                     f"effect, ever"
                 ) from None
             raise
+        if commit.fence is not None and not commit.events and changed == 0:
+            raise LeaseLost(
+                f"run {commit.run_id}: lease lost: another process owns this run now "
+                f"(this process held token {commit.fence})"
+            )
 
-    def _apply(self, statements: list[tuple[str, tuple[Any, ...]]], durable: bool) -> None:
-        """Execute ``statements`` atomically. A single statement is its own transaction in
-        SQLite's autocommit mode, which saves the BEGIN/COMMIT round trips on the hot path."""
+    def _apply(self, statements: list[tuple[str, tuple[Any, ...]]], durable: bool) -> int:
+        """Execute ``statements`` atomically; returns the rows the last one changed. A single
+        statement is its own transaction in SQLite's autocommit mode, which saves the
+        BEGIN/COMMIT round trips on the hot path."""
         if len(statements) == 1:
             with self._lock:
                 conn = self._live()
                 try:
                     self._set_sync(conn, durable)
-                    conn.execute(*statements[0])
+                    return conn.execute(*statements[0]).rowcount
                 except sqlite3.Error as exc:
                     raise _storage_error(self.path, exc) from None
-            return
         with self._write(durable) as conn:
+            changed = 0
             for sql, params in statements:
-                conn.execute(sql, params)
+                changed = conn.execute(sql, params).rowcount
+            return changed
+
+    def take_lease(self, run_id: str, seen_token: int, lease: Lease) -> int | None:
+        row = (lease.owner, lease.pid, lease.host, lease.started, lease.expires_s)
+        with self._write(durable=False) as conn:
+            changed = conn.execute(Q["take_lease"], (*row, run_id, seen_token)).rowcount
+        return seen_token + 1 if changed == 1 else None
+
+    def renew_lease(self, run_id: str, token: int, owner: str, expires_s: float) -> bool:
+        with self._write(durable=False) as conn:
+            changed = conn.execute(Q["renew_lease"], (expires_s, run_id, token, owner)).rowcount
+        return changed == 1
+
+    def release_lease(self, run_id: str, token: int) -> None:
+        with self._write(durable=False) as conn:
+            conn.execute(Q["release_lease"], (run_id, token))
 
     def side_effect(self, key: str) -> SideEffect | None:
         with self._read() as conn:
@@ -336,14 +374,10 @@ class SQLiteStore:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    @staticmethod
-    def _insert_event(conn: sqlite3.Connection, run_id: str, e: Event) -> None:
-        conn.execute(*_event_insert(run_id, e))
 
-
-def _event_insert(run_id: str, e: Event) -> tuple[str, tuple[Any, ...]]:
+def _event_insert(run_id: str, e: Event, fence: int | None) -> tuple[str, tuple[Any, ...]]:
     crc = codec.checksum(e.seq, e.kind, e.step, e.fp, e.data, e.at_s)
-    return Q["insert_event"], (run_id, e.seq, e.kind, e.step, e.fp, e.data, e.at_s, crc)
+    return Q["insert_event"], (run_id, e.seq, e.kind, e.step, e.fp, e.data, e.at_s, crc, fence)
 
 
 def _schema_of(conn: sqlite3.Connection) -> tuple[int, int]:
@@ -422,7 +456,7 @@ def _check_writable_dir(path: str) -> None:
         )
 
 
-def _storage_error(path: str, exc: sqlite3.Error) -> StorageError:
+def _storage_error(path: str, exc: sqlite3.Error) -> DurablError:
     text = str(exc)
     lowered = text.lower()
     if "readonly" in lowered or "read-only" in lowered:
@@ -435,6 +469,8 @@ def _storage_error(path: str, exc: sqlite3.Error) -> StorageError:
         why = "the file cannot be opened (check the path and permissions)"
     elif "unique constraint failed: side_effects" in lowered:
         why = "refusing to record a second side effect for one idempotency key: one key, one effect, ever"
+    elif "lease lost" in lowered:
+        return LeaseLost(f"{path}: lease lost: another process owns this run now")
     elif "durabl:" in lowered:
         why = text[text.index("durabl:") + len("durabl:") :].strip()
     else:

@@ -2,15 +2,18 @@
 
 -- name: insert_run
 INSERT INTO runs (run_id, workflow, input, status, result, error, created_s, updated_s,
-                  wake_at_s, watermark)
-VALUES (?, ?, ?, ?, NULL, NULL, ?, ?, NULL, 0);
+                  wake_at_s, watermark, lease_owner, lease_pid, lease_host, lease_started,
+                  lease_expires_s, lease_token)
+VALUES (?, ?, ?, ?, NULL, NULL, ?, ?, NULL, 0, ?, ?, ?, ?, ?, ?);
 
 -- name: get_run
-SELECT run_id, workflow, input, status, result, error, created_s, updated_s, wake_at_s, watermark
+SELECT run_id, workflow, input, status, result, error, created_s, updated_s, wake_at_s, watermark,
+       lease_owner, lease_pid, lease_host, lease_started, lease_expires_s, lease_token
 FROM runs WHERE run_id = ?;
 
 -- name: list_runs
-SELECT run_id, workflow, input, status, result, error, created_s, updated_s, wake_at_s, watermark
+SELECT run_id, workflow, input, status, result, error, created_s, updated_s, wake_at_s, watermark,
+       lease_owner, lease_pid, lease_host, lease_started, lease_expires_s, lease_token
 FROM runs
 WHERE (?1 IS NULL OR status IN (SELECT value FROM json_each(?1)))
   AND (?2 IS NULL OR workflow = ?2)
@@ -18,7 +21,8 @@ ORDER BY created_s DESC, run_id DESC
 LIMIT ?3;
 
 -- name: insert_event
-INSERT INTO events (run_id, seq, kind, step, fp, data, at_s, crc) VALUES (?, ?, ?, ?, ?, ?, ?, ?);
+INSERT INTO events (run_id, seq, kind, step, fp, data, at_s, crc, fence)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?);
 
 -- name: load_log
 SELECT seq, kind, step, fp, data, at_s, crc FROM events
@@ -31,7 +35,7 @@ UPDATE runs SET
     error     = CASE WHEN ?4 IS NOT NULL THEN ?4 WHEN ?5 THEN NULL ELSE error END,
     wake_at_s = CASE WHEN ?6 THEN ?7 ELSE wake_at_s END,
     updated_s = ?8
-WHERE run_id = ?1;
+WHERE run_id = ?1 AND (?9 IS NULL OR lease_token = ?9);
 
 -- name: insert_side_effect
 INSERT INTO side_effects (idempotency_key, run_id, step, tool, args_fp, result, error, at_s)
@@ -62,3 +66,16 @@ SELECT MIN(wake_at_s) FROM runs WHERE wake_at_s IS NOT NULL;
 
 -- name: count_tables
 SELECT COUNT(*) FROM sqlite_master WHERE type = 'table';
+
+-- name: take_lease
+UPDATE runs SET lease_owner = ?, lease_pid = ?, lease_host = ?, lease_started = ?,
+                lease_expires_s = ?, lease_token = lease_token + 1
+WHERE run_id = ? AND lease_token = ?;
+
+-- name: renew_lease
+UPDATE runs SET lease_expires_s = ? WHERE run_id = ? AND lease_token = ? AND lease_owner = ?;
+
+-- name: release_lease
+UPDATE runs SET lease_owner = NULL, lease_pid = NULL, lease_host = NULL, lease_started = NULL,
+                lease_expires_s = NULL
+WHERE run_id = ? AND lease_token = ?;

@@ -1,0 +1,189 @@
+"""Run ownership: who may drive a run, and how a dead or stale owner is replaced.
+
+A run's lease names a runtime instance, its process (pid, host, process start time) and an
+expiry on the wall clock. Every write the owner makes carries the lease's fencing token; taking a
+lease over bumps the token, so a stale owner's next write is refused inside the database.
+
+Takeover rules, checked in this order:
+- the lease is free, expired, or already ours: take it;
+- it belongs to another runtime in this very process: it is gone unless that runtime is
+  driving the run right now (the in-memory table below), the in-process twin of a dead pid;
+- it belongs to a process on this host that no longer exists (or whose pid was reused, told by
+  the process start time): take it at once, without waiting for the expiry;
+- otherwise a live process holds it: leave the run alone.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from durabl.errors import RunLeased
+from durabl.store.base import Lease, RunRow, Store
+
+LEASE_S = 15.0
+"""Default lease length. A heartbeat renews held leases every third of it."""
+
+HOST = socket.gethostname()
+
+_driving: dict[str, str] = {}
+_driving_lock = threading.Lock()
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (Linux): state first."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2 :].split()
+
+
+def process_started(pid: int) -> str | None:
+    """The kernel's start time of process ``pid`` (Linux), which tells a reused pid apart."""
+    fields = _stat(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else None
+
+
+def _exited(pid: int, fields: list[str] | None) -> bool:
+    """True when ``pid`` is a zombie: it has exited and only waits for its parent to reap it.
+    Signal 0 still reaches a zombie, so without this check a killed owner whose parent has not
+    called wait() yet would keep its runs until the lease expired. (A leader thread that exited
+    while other threads of its process still run shows as a zombie too: not exited.)"""
+    if fields is None or not fields or fields[0] not in ("Z", "X"):
+        return False
+    try:
+        return os.listdir(f"/proc/{pid}/task") in ([], [str(pid)])
+    except OSError:
+        return True
+
+
+MY_PID = os.getpid()
+MY_START = process_started(MY_PID)
+
+
+def owner_gone(run_id: str, lease: Lease) -> bool:
+    """True when the lease's holder can no longer be driving the run."""
+    if lease.host != HOST:
+        return False
+    if lease.pid == os.getpid():
+        with _driving_lock:
+            return _driving.get(run_id) != lease.owner
+    try:
+        os.kill(lease.pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass
+    fields = _stat(lease.pid)
+    if _exited(lease.pid, fields):
+        return True
+    started = fields[19] if fields is not None and len(fields) > 19 else None
+    return lease.started is not None and started is not None and started != lease.started
+
+
+@contextmanager
+def driving(run_id: str, owner: str) -> Iterator[None]:
+    """Mark ``run_id`` as driven by ``owner`` in this process for the duration of the block.
+
+    Two threads (or two runtimes) of one process never drive the same run at once.
+    """
+    with _driving_lock:
+        current = _driving.get(run_id)
+        if current is not None:
+            raise RunLeased(f"run {run_id} is being driven by another runtime in this process")
+        _driving[run_id] = owner
+    try:
+        yield
+    finally:
+        with _driving_lock:
+            _driving.pop(run_id, None)
+
+
+class Leaser:
+    """Takes, renews and releases the leases of one runtime instance."""
+
+    def __init__(self, store: Store, owner: str, lease_s: float = LEASE_S) -> None:
+        if not lease_s > 0:
+            raise ValueError(f"lease_s must be a positive number of seconds, got {lease_s!r}")
+        self.store = store
+        self.owner = owner
+        self.lease_s = lease_s
+        self.held: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._heartbeat: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def lease(self) -> Lease:
+        """A fresh lease for this runtime, expiring ``lease_s`` from now."""
+        return Lease(
+            self.owner, os.getpid(), HOST, process_started(os.getpid()), time.time() + self.lease_s
+        )
+
+    def acquire(self, row: RunRow) -> int:
+        """The fencing token to drive ``row``'s run with; raises RunLeased if a live process
+        owns it."""
+        lease = row.lease
+        if lease is not None and not (
+            lease.owner == self.owner
+            or lease.expires_s <= time.time()
+            or owner_gone(row.run_id, lease)
+        ):
+            until = time.strftime("%H:%M:%S", time.localtime(lease.expires_s))
+            raise RunLeased(
+                f"run {row.run_id} is being driven by process {lease.pid} on {lease.host} "
+                f"(lease until {until}); it will be taken over if that process dies"
+            )
+        token = self.store.take_lease(row.run_id, row.lease_token, self.lease())
+        if token is None:
+            raise RunLeased(f"run {row.run_id} was just taken over by another process")
+        self.hold(row.run_id, token)
+        return token
+
+    def hold(self, run_id: str, token: int) -> None:
+        with self._lock:
+            self.held[run_id] = token
+        self._start_heartbeat()
+
+    def release(self, run_id: str) -> None:
+        with self._lock:
+            token = self.held.pop(run_id, None)
+        if token is not None:
+            self.store.release_lease(run_id, token)
+
+    def forget(self, run_id: str) -> None:
+        """Drop a lease from memory without writing: the process 'died' holding it."""
+        with self._lock:
+            self.held.pop(run_id, None)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._heartbeat is not None and self._heartbeat is not threading.current_thread():
+            self._heartbeat.join(timeout=5)
+
+    def _start_heartbeat(self) -> None:
+        if self._heartbeat is None:
+            self._heartbeat = threading.Thread(
+                target=self._beat, name=f"durabl-lease-{self.owner[:8]}", daemon=True
+            )
+            self._heartbeat.start()
+
+    def _beat(self) -> None:
+        """Renew every held lease each third of its length. No fsync: a renewal lost to a power
+        cut only makes a lease expire sooner, which costs a takeover, never a duplicate."""
+        while not self._stop.wait(self.lease_s / 3):
+            with self._lock:
+                held = dict(self.held)
+            for run_id, token in held.items():
+                renew: Callable[..., bool] = self.store.renew_lease
+                try:
+                    alive = renew(run_id, token, self.owner, time.time() + self.lease_s)
+                except Exception:  # the store is closed or failing: the owner finds out itself
+                    return
+                if not alive:
+                    self.forget(run_id)

@@ -1,0 +1,141 @@
+"""The long-running mode: drive every run of a database that has work, as the work comes due.
+
+A worker resumes interrupted runs, fires timers when they are due (it sleeps until the earliest
+deadline, waking sooner only to look for runs other processes started), claims each run through
+its lease, and on ``stop()`` lets the step in progress finish and parks its runs. Several workers,
+in several processes, may share one database: the leases keep each run to one of them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from durabl import events
+from durabl.errors import RunLeased
+
+if TYPE_CHECKING:
+    from durabl.runtime import Runtime
+
+logger = logging.getLogger("durabl.worker")
+
+POLL_S = 1.0
+"""How often an idle worker looks for runs started by other processes."""
+
+
+@dataclass
+class WorkerStats:
+    """What a worker did, for its caller and its log."""
+
+    drives: int = 0
+    completed: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class Worker:
+    """Drives the runs of one runtime's database with up to ``concurrency`` threads."""
+
+    def __init__(self, runtime: Runtime, *, concurrency: int = 1, poll_s: float = POLL_S) -> None:
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError(f"concurrency must be an int >= 1, got {concurrency!r}")
+        if not poll_s > 0:
+            raise ValueError(f"poll_s must be a positive number of seconds, got {poll_s!r}")
+        self.rt = runtime
+        self.concurrency = concurrency
+        self.poll_s = poll_s
+        self.stats = WorkerStats()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._in_flight: dict[str, Future[None]] = {}
+        # run id -> when its last failed drive was submitted (monotonic). The submission, not the
+        # failure: the failure lands a moment after a scan, and timing the gate from it would
+        # make the next scan skip the run, so that a run another process holds (or a dead
+        # owner's run) was looked at only every other scan.
+        self._failed: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def stop(self) -> None:
+        """Finish or park the steps in progress, then return from ``run``. Signal-safe."""
+        self.rt._stopping.set()
+        self._stop.set()
+        self._wake.set()
+
+    def run(self) -> WorkerStats:
+        """Work until ``stop()``. Held runs are retried once, at start (a deploy restarts the
+        worker); after that, interrupted runs and due timers are picked up."""
+        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="durabl-worker") as pool:
+            self._submit(pool, self._interrupted(include_held=True))
+            last_scan_s = time.monotonic()
+            while not self._stop.is_set():
+                if time.monotonic() - last_scan_s >= self.poll_s:
+                    self._submit(pool, self._interrupted(include_held=False))
+                    last_scan_s = time.monotonic()
+                self._submit(pool, self.rt.store.due_runs(self.rt._clock()))
+                self._wake.wait(self._idle_s(last_scan_s))
+                self._wake.clear()
+        return self.stats
+
+    def _interrupted(self, *, include_held: bool) -> list[str]:
+        statuses = (events.RUNNING, events.HELD) if include_held else (events.RUNNING,)
+        return [row.run_id for row in reversed(self.rt.store.list_runs(statuses=statuses))]
+
+    def _idle_s(self, last_scan_s: float) -> float:
+        """Until the earliest timer is due or the next look for new runs, whichever is first."""
+        until_scan_s = max(0.0, last_scan_s + self.poll_s - time.monotonic())
+        next_wake_s = self.rt.store.next_wake_s()
+        if next_wake_s is None:
+            return until_scan_s
+        return max(0.0, min(until_scan_s, next_wake_s - self.rt._clock()))
+
+    def _submit(self, pool: ThreadPoolExecutor, run_ids: Iterable[str]) -> None:
+        for run_id in run_ids:
+            if self._stop.is_set():
+                return
+            with self._lock:
+                failed_at_s = self._failed.get(run_id)
+                if run_id in self._in_flight or (
+                    failed_at_s is not None and time.monotonic() - failed_at_s < self.poll_s
+                ):
+                    continue
+                future = pool.submit(self._drive, run_id, time.monotonic())
+                self._in_flight[run_id] = future
+            future.add_done_callback(functools.partial(self._done, run_id))
+
+    def _done(self, run_id: str, _future: Future[None]) -> None:
+        with self._lock:
+            self._in_flight.pop(run_id, None)
+        self._wake.set()  # a finished drive may have left more work (a retry due now, say)
+
+    def _note_failure(self, run_id: str, submitted_s: float) -> None:
+        with self._lock:
+            self._failed[run_id] = submitted_s
+
+    def _drive(self, run_id: str, submitted_s: float) -> None:
+        row = self.rt.store.get_run(run_id)
+        if row is None or row.status in events.TERMINAL_STATUSES:
+            return
+        wrote_before = run_id in self.rt._owned
+        try:
+            state = self.rt._resume_row(row)
+        except RunLeased:
+            self._note_failure(run_id, submitted_s)  # another worker has it: look again later
+            return
+        except Exception as exc:  # one broken run never stops the others
+            logger.warning("run %s (%s): %s", run_id, row.workflow, exc)
+            self.stats.errors.append(f"{run_id}: {type(exc).__name__}: {exc}")
+            self._note_failure(run_id, submitted_s)
+            return
+        if not wrote_before and run_id not in self.rt._owned:
+            # This drive wrote nothing to the run. Typically another worker finished it between
+            # the look above and the lease, and it came back COMPLETED without this worker's
+            # doing: counting it would count one run as completed by two workers.
+            return
+        self.stats.drives += 1
+        if state.status == events.COMPLETED:
+            self.stats.completed += 1
