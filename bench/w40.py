@@ -58,16 +58,22 @@ from pathlib import Path
 from typing import Any
 
 import durabl
+from bench.workload import (
+    EXPECTED,
+    STEPS,
+    TOOL_CALLS,
+    TOOL_NAME,
+    TOPIC,
+    Outbox,
+    plain_loop,
+    stub_llm,
+    w40,
+)
 from durabl import ModelCall, Runtime, ToolCall, tool, workflow
 from durabl.crashpoints import BEFORE_RUN_COMPLETED, CrashAt, ProcessDeath
 
 SCHEMA = 1
 """Version of the layout of the JSON this script writes."""
-TOOL_CALLS = 40
-STEPS = 1 + TOOL_CALLS
-TOPIC = "sea otters"
-WORKFLOW_NAME = "bench.w40"
-TOOL_NAME = "append_line"
 REPO = Path(__file__).resolve().parent.parent
 RAM_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "devtmpfs", "hugetlbfs"})
 
@@ -119,46 +125,7 @@ QUICK = Plan(
 )
 
 
-# -- the workload ---------------------------------------------------------------------------
-
-
-def stub_llm(prompt: str, **params: Any) -> dict[str, Any]:
-    """The model: answers instantly with a small dict."""
-    return {"plan": "query each source once", "queries": TOOL_CALLS, "tokens": 17}
-
-
-class Outbox:
-    """The tool: appends one line to a file and returns a ~200-byte dict."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        path.touch()
-
-    def __call__(self, i: int, topic: str) -> dict[str, Any]:
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(f"{i}\t{topic}\n")
-        return {
-            "i": i,
-            "topic": topic,
-            "title": f"Search result {i} for {topic}",
-            "url": f"https://example.org/search/{topic.replace(' ', '-')}/{i}",
-            "snippet": "Sea otters hold hands while sleeping so they do not drift apart.",
-            "score": 0.5,
-        }
-
-    def lines(self) -> int:
-        with open(self.path, encoding="utf-8") as fh:
-            return sum(1 for _ in fh)
-
-
-@workflow(name=WORKFLOW_NAME)
-def w40(ctx: Any, topic: str) -> Any:
-    plan = yield ModelCall(f"Plan a search about {topic}")
-    found = []
-    for i in range(TOOL_CALLS):
-        hit = yield ToolCall(TOOL_NAME, {"i": i, "topic": topic})
-        found.append(hit["i"])
-    return {"plan": plan["plan"], "hits": len(found)}
+# -- the workload (bench/workload.py) plus a variable-length twin ---------------------------
 
 
 @workflow(name="bench.wn")
@@ -172,19 +139,6 @@ def wn(ctx: Any, topic: str, n: int) -> Any:
 
 SLOPE_SIZES = (40, 400)
 """Tool calls in the short and the long run whose resume times give the per-step slope."""
-
-
-def plain_loop(llm: Callable[..., Any], append: Callable[..., Any], topic: str) -> Any:
-    """The baseline: the same calls with the same arguments, and nothing else."""
-    plan = llm(f"Plan a search about {topic}")
-    found = []
-    for i in range(TOOL_CALLS):
-        hit = append(i=i, topic=topic)
-        found.append(hit["i"])
-    return {"plan": plan["plan"], "hits": len(found)}
-
-
-EXPECTED = plain_loop(stub_llm, lambda i, topic: {"i": i}, TOPIC)
 
 
 def make_runtime(
@@ -843,7 +797,7 @@ def filesystem_of(path: Path) -> str:
     return fstype
 
 
-def scratch_dir(requested: str | None) -> Path:
+def scratch_dir(requested: str | None, prefix: str = "w40-") -> Path:
     """A fresh temporary directory on a real disk."""
     candidates = [Path(requested)] if requested else [Path(tempfile.gettempdir()), REPO / "bench"]
     for base in candidates:
@@ -853,7 +807,7 @@ def scratch_dir(requested: str | None) -> Path:
             if requested:
                 raise SystemExit(f"--tmp-dir {base} is on {fstype}; fsync would not be real")
             continue
-        return Path(tempfile.mkdtemp(prefix="w40-", dir=base))
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
     raise SystemExit("no directory on a real disk found; pass --tmp-dir")
 
 
