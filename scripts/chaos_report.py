@@ -30,7 +30,6 @@ from chaos.lives import MODES  # noqa: E402
 from durabl import crashpoints  # noqa: E402
 
 NOT_APPLICABLE_YET = {
-    "mid-lease-takeover": "leases and takeover (SPEC §7) are not built yet: no such crash point",
     "compaction": "compaction (SPEC §8) is not built yet: the corpus cannot compact, and "
     "crashpoints.ALL has no compaction point",
 }

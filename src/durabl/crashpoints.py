@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+AFTER_LEASE_TAKEN = "after_lease_taken"
+"""This process took the run's lease over (the token grew); nothing of the run is written yet.
+The next process finds a lease whose owner is gone and takes it again."""
 AFTER_RUN_STARTED = "after_run_started"
 """The run row and RUN_STARTED are durable; no step has been recorded."""
 BEFORE_STEP_STARTED = "before_step_started"
@@ -43,6 +46,7 @@ AFTER_DEAD_LETTERED = "after_dead_lettered"
 """DEAD_LETTERED and the run's status are committed together."""
 
 ALL = (
+    AFTER_LEASE_TAKEN,
     AFTER_RUN_STARTED,
     BEFORE_STEP_STARTED,
     AFTER_STEP_STARTED,

@@ -486,11 +486,12 @@ class Runtime:
         """Hold the run's lease for the block: the fresh row and the fencing token to write
         with. A simulated death leaves the lease in the database, as a real one would."""
         with leases.driving(run_id, self.instance_id):
-            if token is None:
-                token = self._leaser.acquire(self._row(run_id))
-            else:
-                self._leaser.hold(run_id, token)
             try:
+                if token is None:
+                    token = self._leaser.acquire(self._row(run_id))
+                    crashpoints.reach(crashpoints.AFTER_LEASE_TAKEN)
+                else:
+                    self._leaser.hold(run_id, token)
                 yield self._row(run_id), token
             except crashpoints.ProcessDeath:
                 self._leaser.forget(run_id)
