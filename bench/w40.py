@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import durabl
+from bench.output import write_json
 from bench.workload import (
     EXPECTED,
     STEPS,
@@ -1071,11 +1072,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(work, ignore_errors=True)
 
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, out)
+    out = write_json(args.out, report)
     print(render(report))
     print(f"\nwrote {out} in {report['elapsed_s']} s")
     return 0
