@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -29,6 +30,9 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="durabl", description="Durable execution for Python LLM agents.")
     parser.add_argument("--db", default="durabl.db", help="the database file (default: durabl.db)")
+    parser.add_argument(
+        "--json", action="store_true", help="print machine-readable JSON instead of text"
+    )
     parser.add_argument(
         "--import",
         dest="imports",
@@ -56,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between looks for new runs (default 1)",
     )
     worker.set_defaults(handler=_worker)
+    from durabl.cli import commands as more
+
+    more.add_commands(commands)
     return parser
 
 
@@ -67,6 +74,10 @@ def load_modules(names: Sequence[str]) -> dict[str, Any]:
             module = importlib.import_module(name)
         except ImportError as exc:
             raise UsageError(f"cannot import module {name!r}: {exc}") from None
+        except Exception as exc:  # the module's own code failed while loading
+            raise UsageError(
+                f"importing module {name!r} failed: {type(exc).__name__}: {exc}"
+            ) from None
         options["tools"].update(getattr(module, "DURABL_TOOLS", {}) or {})
         options["llm"] = getattr(module, "DURABL_LLM", None) or options["llm"]
         retry = getattr(module, "DURABL_RETRY", None)
@@ -105,6 +116,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         args = build_parser().parse_args(argv)
+        if getattr(args, "read_only", False):
+            code_ro: int = args.handler(args)
+            return code_ro
+        if getattr(args, "needs_db", False) and not os.path.exists(args.db):
+            raise UsageError(f"{args.db} does not exist")
         options = load_modules(args.imports)
         with Runtime(args.db, **options) as rt:
             code: int = args.handler(args, rt)
