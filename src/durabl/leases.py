@@ -19,7 +19,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 from durabl.errors import RunLeased
@@ -63,8 +63,15 @@ def _exited(pid: int, fields: list[str] | None) -> bool:
         return True
 
 
-MY_PID = os.getpid()
-MY_START = process_started(MY_PID)
+_own_start: dict[int, str | None] = {}
+
+
+def own_start() -> str | None:
+    """This process's start time, read once per pid (a forked child has its own)."""
+    pid = os.getpid()
+    if pid not in _own_start:
+        _own_start[pid] = process_started(pid)
+    return _own_start[pid]
 
 
 def owner_gone(run_id: str, lease: Lease) -> bool:
@@ -121,9 +128,7 @@ class Leaser:
 
     def lease(self) -> Lease:
         """A fresh lease for this runtime, expiring ``lease_s`` from now."""
-        return Lease(
-            self.owner, os.getpid(), HOST, process_started(os.getpid()), time.time() + self.lease_s
-        )
+        return Lease(self.owner, os.getpid(), HOST, own_start(), time.time() + self.lease_s)
 
     def acquire(self, row: RunRow) -> int:
         """The fencing token to drive ``row``'s run with; raises RunLeased if a live process
@@ -180,9 +185,10 @@ class Leaser:
             with self._lock:
                 held = dict(self.held)
             for run_id, token in held.items():
-                renew: Callable[..., bool] = self.store.renew_lease
                 try:
-                    alive = renew(run_id, token, self.owner, time.time() + self.lease_s)
+                    alive = self.store.renew_lease(
+                        run_id, token, self.owner, time.time() + self.lease_s
+                    )
                 except Exception:  # the store is closed or failing: the owner finds out itself
                     return
                 if not alive:

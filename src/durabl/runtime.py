@@ -11,7 +11,6 @@ import contextlib
 import json
 import logging
 import os
-import socket
 import threading
 import time
 import uuid
@@ -48,6 +47,7 @@ from durabl.store.base import UNCHANGED
 from durabl.tools import RetryPolicy, Tool, ToolMode, build_registry
 from durabl.worker import POLL_S, Worker, WorkerStats
 from durabl.workflow import Workflow
+from durabl.workflow import build_registry as build_workflow_registry
 
 logger = logging.getLogger("durabl")
 
@@ -194,7 +194,7 @@ class Runtime:
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise TypeError(f"retry must be a RetryPolicy, got {type(retry).__name__}")
         self._tools: dict[str, Tool] = build_registry(tools)
-        self._workflows = workflows_registry(workflows)
+        self._workflows = build_workflow_registry(workflows)
         self._llm = llm
         user_clock = clock or time.time
         self._clock: Callable[[], float] = lambda: float(user_clock())
@@ -212,7 +212,7 @@ class Runtime:
         self._policies: dict[str, RetryPolicy] = {}
         self._boundary = {
             "pid": os.getpid(),
-            "host": socket.gethostname(),
+            "host": leases.HOST,
             "owner": self.instance_id,
         }
 
@@ -1113,10 +1113,6 @@ class Runtime:
 
 def _decoded(text: str | None) -> Any:
     return None if text is None else codec.decode(text)
-
-
-def workflows_registry(extra: Any) -> dict[str, Workflow]:
-    return workflows.build_registry(extra)
 
 
 __all__ = ["DeadLetter", "RunState", "Runtime"]
