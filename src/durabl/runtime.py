@@ -11,7 +11,6 @@ import contextlib
 import json
 import logging
 import os
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -206,7 +205,7 @@ class Runtime:
         )
         self.instance_id = uuid.uuid4().hex
         self._leaser = leases.Leaser(self.store, self.instance_id, lease_s)
-        self._stopping = threading.Event()
+        self._stop_requested = False  # a plain flag: stop() runs in signal handlers
         self._worker: Worker | None = None
         self._owned: set[str] = set()
         self._policies: dict[str, RetryPolicy] = {}
@@ -223,13 +222,13 @@ class Runtime:
         signal handler): resume interrupted runs, fire timers as they come due."""
         worker = Worker(self, concurrency=concurrency, poll_s=poll_s)
         self._worker = worker
-        if self._stopping.is_set():
+        if self._stop_requested:
             worker.stop()
         return worker.run()
 
     def stop(self) -> None:
         """Ask a serving runtime to let its current steps finish, park, and return."""
-        self._stopping.set()
+        self._stop_requested = True
         if self._worker is not None:
             self._worker.stop()
 
@@ -592,7 +591,7 @@ class Runtime:
         if d.dry:
             d.next_step = step.describe()
             raise _Park()
-        if action == replay.DEAD or self._stopping.is_set():
+        if action == replay.DEAD or self._stop_requested:
             raise _Park()  # dead-lettered, or the process is shutting down: leave it here
         if isinstance(step, Sleep):
             return self._sleep(d, step, rec)

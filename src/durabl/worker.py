@@ -8,8 +8,11 @@ in several processes, may share one database: the leases keep each run to one of
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import selectors
+import socket
 import threading
 import time
 from collections.abc import Iterable
@@ -50,8 +53,13 @@ class Worker:
         self.concurrency = concurrency
         self.poll_s = poll_s
         self.stats = WorkerStats()
-        self._stop = threading.Event()
-        self._wake = threading.Event()
+        # Stopping must work from a signal handler, which runs in the thread that runs ``run``,
+        # between any two of its bytecodes: also while that thread holds a lock. So nothing
+        # ``stop`` does may take one. A threading.Event would (its set() takes the lock its
+        # wait() holds), and a SIGTERM landing inside wait() would deadlock the worker. Instead
+        # ``stop`` sets a plain flag and writes a byte to a socket the loop sleeps on.
+        self._stopped = False
+        self._wake_w: socket.socket | None = None  # open while ``run`` runs
         self._in_flight: dict[str, Future[None]] = {}
         # run id -> when its last failed drive was submitted (monotonic). The submission, not the
         # failure: the failure lands a moment after a scan, and timing the gate from it would
@@ -61,25 +69,49 @@ class Worker:
         self._lock = threading.Lock()
 
     def stop(self) -> None:
-        """Finish or park the steps in progress, then return from ``run``. Signal-safe."""
-        self.rt._stopping.set()
-        self._stop.set()
-        self._wake.set()
+        """Finish or park the steps in progress, then return from ``run``. Safe to call from a
+        signal handler or another thread, any number of times: it takes no lock."""
+        self.rt._stop_requested = True
+        self._stopped = True
+        self._poke()
 
     def run(self) -> WorkerStats:
         """Work until ``stop()``. Held runs are retried once, at start (a deploy restarts the
         worker); after that, interrupted runs and due timers are picked up."""
-        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="durabl-worker") as pool:
-            self._submit(pool, self._interrupted(include_held=True))
-            last_scan_s = time.monotonic()
-            while not self._stop.is_set():
-                if time.monotonic() - last_scan_s >= self.poll_s:
-                    self._submit(pool, self._interrupted(include_held=False))
-                    last_scan_s = time.monotonic()
-                self._submit(pool, self.rt.store.due_runs(self.rt._clock()))
-                self._wake.wait(self._idle_s(last_scan_s))
-                self._wake.clear()
+        wake_r, wake_w = socket.socketpair()
+        wake_r.setblocking(False)
+        wake_w.setblocking(False)
+        self._wake_w = wake_w
+        try:
+            with (
+                ThreadPoolExecutor(self.concurrency, thread_name_prefix="durabl-worker") as pool,
+                selectors.DefaultSelector() as waiter,
+            ):
+                waiter.register(wake_r, selectors.EVENT_READ)
+                self._submit(pool, self._interrupted(include_held=True))
+                last_scan_s = time.monotonic()
+                while not self._stopped:
+                    if time.monotonic() - last_scan_s >= self.poll_s:
+                        self._submit(pool, self._interrupted(include_held=False))
+                        last_scan_s = time.monotonic()
+                    self._submit(pool, self.rt.store.due_runs(self.rt._clock()))
+                    if not self._stopped and waiter.select(self._idle_s(last_scan_s)):
+                        _drain(wake_r)
+                if self._in_flight:
+                    logger.info("stopping: letting %d drive(s) park", len(self._in_flight))
+        finally:
+            self._wake_w = None
+            wake_w.close()
+            wake_r.close()
         return self.stats
+
+    def _poke(self) -> None:
+        """Wake ``run`` from its sleep."""
+        wake_w = self._wake_w
+        if wake_w is not None:
+            # Full means a wake-up is pending already; closed means ``run`` has returned.
+            with contextlib.suppress(OSError):
+                wake_w.send(b"\0")
 
     def _interrupted(self, *, include_held: bool) -> list[str]:
         statuses = (events.RUNNING, events.HELD) if include_held else (events.RUNNING,)
@@ -95,7 +127,7 @@ class Worker:
 
     def _submit(self, pool: ThreadPoolExecutor, run_ids: Iterable[str]) -> None:
         for run_id in run_ids:
-            if self._stop.is_set():
+            if self._stopped:
                 return
             with self._lock:
                 failed_at_s = self._failed.get(run_id)
@@ -110,7 +142,7 @@ class Worker:
     def _done(self, run_id: str, _future: Future[None]) -> None:
         with self._lock:
             self._in_flight.pop(run_id, None)
-        self._wake.set()  # a finished drive may have left more work (a retry due now, say)
+        self._poke()  # a finished drive may have left more work (a retry due now, say)
 
     def _note_failure(self, run_id: str, submitted_s: float) -> None:
         with self._lock:
@@ -139,3 +171,9 @@ class Worker:
         self.stats.drives += 1
         if state.status == events.COMPLETED:
             self.stats.completed += 1
+
+
+def _drain(sock: socket.socket) -> None:
+    with contextlib.suppress(BlockingIOError):
+        while sock.recv(4096):
+            pass
