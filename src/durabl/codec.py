@@ -82,3 +82,8 @@ def checksum(seq: int, kind: str, step: int, fp: str | None, data: str | None, a
     """CRC-32 over every column of an event row that replay depends on."""
     row = f"{seq}\x1f{kind}\x1f{step}\x1f{fp or ''}\x1f{data or ''}\x1f{float(at_s)!r}"
     return zlib.crc32(row.encode())
+
+
+def snapshot_checksum(watermark: int, snapshot: str) -> int:
+    """CRC-32 over a compaction snapshot and the seq it folds up to."""
+    return zlib.crc32(f"{watermark}\x1f{snapshot}".encode())

@@ -33,6 +33,8 @@ AMBIGUOUS = "AMBIGUOUS"
 WAIT = "WAIT"
 DEAD = "DEAD"
 
+SNAPSHOT_FORMAT = 1
+
 
 @dataclass(slots=True)
 class StepRecord:
@@ -53,6 +55,7 @@ class StepRecord:
     redriven: bool = False
     last_seq: int = 0
     done_seq: int = 0
+    description: str | None = None  # kept by a snapshot instead of the canonical text
 
 
 @dataclass(slots=True)
@@ -69,11 +72,99 @@ class History:
     resumed_at: list[int] = field(default_factory=list)
 
     @classmethod
-    def from_events(cls, run_id: str, log: Iterable[Event], *, watermark: int = 0) -> History:
-        history = cls(run_id, last_seq=watermark)
+    def from_events(
+        cls, run_id: str, log: Iterable[Event], *, watermark: int = 0, snapshot: str | None = None
+    ) -> History:
+        """Fold ``log`` (the events after ``watermark``) onto the run's compaction snapshot."""
+        if snapshot is not None:
+            history = cls.from_snapshot(run_id, snapshot, watermark)
+        elif watermark:
+            raise StorageError(
+                f"run {run_id} is compacted up to seq {watermark} but has no snapshot"
+            )
+        else:
+            history = cls(run_id)
         for event in log:
+            if history.last_seq == watermark and event.seq != watermark + 1:
+                raise StorageError(
+                    f"run {run_id}: its log resumes at seq {event.seq} after the compacted "
+                    f"prefix ending at seq {watermark}; the database is inconsistent"
+                )
             history.apply(event)
         return history
+
+    @classmethod
+    def from_snapshot(cls, run_id: str, text: str, watermark: int) -> History:
+        """The history a compaction folded into ``text`` (see ``snapshot``)."""
+        data = codec.decode(text)
+        if data.get("format") != SNAPSHOT_FORMAT:
+            raise StorageError(
+                f"run {run_id} has a snapshot in format {data.get('format')!r}, which this "
+                f"durabl does not know; was it written by a newer version?"
+            )
+        history = cls(run_id, last_seq=watermark, workflow=data["workflow"])
+        history.input_text = data["input"]
+        history.resumed_at = data["resumed_at"]
+        steps = history.steps
+        for position, fp, first, done, attempts, retries, about, result, failure in data["steps"]:
+            steps[position] = StepRecord(
+                position,
+                fp,
+                first,
+                attempts=attempts,
+                done=True,
+                result_text=result,
+                failure=failure,
+                retries=retries,
+                last_seq=done,
+                done_seq=done,
+                description=about,
+            )
+        return history
+
+    def foldable(self, keep_last: int = 0) -> tuple[int, int]:
+        """(position, seq): the longest resolved prefix, less its last ``keep_last`` steps.
+        Positions 1..position are all finished and every event up to seq belongs to them (or
+        to the run: its start, process boundaries). (0, 0) when nothing can be folded."""
+        finished = 0
+        while (rec := self.steps.get(finished + 1)) is not None and rec.done:
+            finished += 1
+        position = finished - keep_last
+        if position <= 0:
+            return 0, 0
+        return position, self.steps[position].done_seq
+
+    def snapshot(self, position: int, seq: int, metrics: dict[str, Any]) -> str:
+        """The text that stands in for the log up to ``seq`` (steps 1..``position``, all
+        finished): per step its fingerprint, outcome and a short description, plus the run's
+        workflow, input, process boundaries and ``metrics`` (the cost figures of the prefix)."""
+        steps = []
+        for p in range(1, position + 1):
+            rec = self.steps[p]
+            about = rec.description or (_recorded(rec) if rec.canonical else None)
+            steps.append(
+                [
+                    p,
+                    rec.fp,
+                    rec.first_seq,
+                    rec.done_seq,
+                    rec.attempts,
+                    rec.retries,
+                    about,
+                    rec.result_text,
+                    rec.failure,
+                ]
+            )
+        return codec.encode(
+            {
+                "format": SNAPSHOT_FORMAT,
+                "workflow": self.workflow,
+                "input": self.input_text,
+                "resumed_at": [s for s in self.resumed_at if s <= seq],
+                "steps": steps,
+                "metrics": metrics,
+            }
+        )
 
     def apply(self, event: Event) -> None:
         handler = _HANDLERS.get(event.kind)
@@ -250,6 +341,8 @@ _CTX_BY_FP = {CtxValue(what).fingerprint: f"ctx.{what}()" for what in ("now", "r
 def _recorded(rec: StepRecord) -> str:
     if rec.fp in _CTX_BY_FP:
         return _CTX_BY_FP[rec.fp]
+    if rec.canonical is None and rec.description is not None:
+        return rec.description
     if rec.canonical is None:
         return f"a step with fingerprint {rec.fp}"
     return describe_canonical(rec.canonical)

@@ -32,6 +32,7 @@ from durabl.errors import (
     NonDeterminismError,
     RunConflictError,
     RunFailedError,
+    RunLeased,
     RunNotFinishedError,
     RunNotFoundError,
     StepFailed,
@@ -39,6 +40,7 @@ from durabl.errors import (
     UnknownToolError,
 )
 from durabl.events import Event
+from durabl.metrics import Metrics, MetricsFold, of_runs
 from durabl.replay import History, StepRecord
 from durabl.steps import CtxValue, ModelCall, Sleep, Step, ToolCall, derived_key
 from durabl.store import Commit, KeyClaim, RunRow, SideEffect, SQLiteStore, Store
@@ -84,6 +86,28 @@ class DeadLetter(BaseModel):
     step_description: str
     reason: str
     idempotency_key: str | None = None
+
+
+class RunCompaction(BaseModel):
+    """What compaction did to one run."""
+
+    run_id: str
+    steps_folded: int
+    """Steps now held by the snapshot (in all, over every compaction of the run)."""
+    events_deleted: int
+    watermark: int
+    """The log now starts after this seq."""
+    events_kept: int
+
+
+class Compaction(BaseModel):
+    """What ``Runtime.compact`` did."""
+
+    runs: list[RunCompaction] = []
+    busy: list[str] = []
+    """Runs skipped because another live process is driving them."""
+    bytes_before: int | None = None
+    bytes_after: int | None = None
 
 
 class _Park(Exception):
@@ -331,9 +355,7 @@ class Runtime:
     def state(self, run_id: str) -> RunState:
         """The run's state as recorded (no workflow code runs)."""
         row = self._row(run_id)
-        history = History.from_events(
-            row.run_id, self.store.load_log(run_id), watermark=row.watermark
-        )
+        history = self._history(run_id)
         boundary = history.resumed_at[-1] if history.resumed_at else 0
         executed = sum(1 for r in history.steps.values() if r.done and r.done_seq > boundary)
         return RunState(
@@ -431,7 +453,63 @@ class Runtime:
             )
         return self.state(run_id)
 
+    # -- upkeep ----------------------------------------------------------------------------
+
+    def compact(
+        self, run_id: str | None = None, *, keep_last: int = 0, reclaim: bool = True
+    ) -> Compaction:
+        """Fold each run's resolved prefix (its finished steps, less the last ``keep_last``)
+        into its snapshot, one transaction per run; then, with ``reclaim``, hand the freed
+        space back to the file system. ``run_id`` None means every run. A run another live
+        process is driving is skipped (listed in ``busy``); replay is unchanged either way."""
+        if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0:
+            raise ValueError(f"keep_last must be an int >= 0, got {keep_last!r}")
+        rows = [self._row(run_id)] if run_id is not None else self.store.list_runs()
+        report = Compaction()
+        for row in reversed(rows):
+            try:
+                folded = self._compact_run(row.run_id, keep_last)
+            except RunLeased:
+                if run_id is not None:
+                    raise
+                report.busy.append(row.run_id)
+                continue
+            if folded is not None:
+                report.runs.append(folded)
+        if reclaim:
+            report.bytes_before, report.bytes_after = self.store.reclaim()
+        return report
+
+    def _compact_run(self, run_id: str, keep_last: int) -> RunCompaction | None:
+        with self._owning(run_id) as (_, token):
+            watermark, snapshot, log = self.store.load_history(run_id)
+            history = History.from_events(run_id, log, watermark=watermark, snapshot=snapshot)
+            position, seq = history.foldable(keep_last)
+            if seq <= watermark:
+                return None
+            folded = [e for e in log if e.seq <= seq]
+            counters = MetricsFold.of(folded, _snapshot_metrics(snapshot)).counters()
+            text = history.snapshot(position, seq, counters)
+            deleted = self.store.compact(run_id, seq, text, token)
+        return RunCompaction(
+            run_id=run_id,
+            steps_folded=position,
+            events_deleted=deleted,
+            watermark=seq,
+            events_kept=len(log) - deleted,
+        )
+
+    def metrics(self, run_id: str | None = None) -> Metrics:
+        """What the run cost (or, with ``run_id`` None, the sums over every run), from the log
+        alone: see ``durabl.metrics``."""
+        run_ids = [self._row(run_id).run_id] if run_id is not None else None
+        return of_runs(self.store, run_ids)
+
     # -- driving ---------------------------------------------------------------------------
+
+    def _history(self, run_id: str) -> History:
+        watermark, snapshot, log = self.store.load_history(run_id)
+        return History.from_events(run_id, log, watermark=watermark, snapshot=snapshot)
 
     def _row(self, run_id: str) -> RunRow:
         row = self.store.get_run(run_id)
@@ -509,9 +587,7 @@ class Runtime:
         dry: bool,
         token: int | None = None,
     ) -> _Drive:
-        history = History.from_events(
-            row.run_id, self.store.load_log(row.run_id), watermark=row.watermark
-        )
+        history = self._history(row.run_id)
         d = _Drive(self, row, wf, history, now_s, dry)  # type: ignore[arg-type]
         d.token = token
         return d
@@ -1110,8 +1186,12 @@ class Runtime:
         )
 
 
+def _snapshot_metrics(snapshot: str | None) -> dict[str, Any] | None:
+    return None if snapshot is None else codec.decode(snapshot)["metrics"]
+
+
 def _decoded(text: str | None) -> Any:
     return None if text is None else codec.decode(text)
 
 
-__all__ = ["DeadLetter", "RunState", "Runtime"]
+__all__ = ["Compaction", "DeadLetter", "RunCompaction", "RunState", "Runtime"]

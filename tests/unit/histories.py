@@ -23,9 +23,12 @@ T0_S = 1_700_000_000.0
 class Log:
     """A run's log under construction; every method appends events and returns the log."""
 
-    def __init__(self, run_input: Any = None, *, watermark: int = 0) -> None:
+    def __init__(
+        self, run_input: Any = None, *, watermark: int = 0, snapshot: str | None = None
+    ) -> None:
         self.events: list[Event] = []
         self.watermark = watermark
+        self.snapshot = snapshot
         if watermark == 0:
             started = {"workflow": WORKFLOW, "input": run_input if run_input is not None else {}}
             self.add(events.RUN_STARTED, 0, None, codec.encode(started))
@@ -40,7 +43,18 @@ class Log:
         return self
 
     def history(self, run_id: str = RUN_ID) -> History:
-        return History.from_events(run_id, self.events, watermark=self.watermark)
+        return History.from_events(
+            run_id, self.events, watermark=self.watermark, snapshot=self.snapshot
+        )
+
+    def compacted(self, keep_last: int = 0) -> Log:
+        """The log as compaction leaves it: its resolved prefix folded into a snapshot."""
+        history = self.history()
+        position, seq = history.foldable(keep_last)
+        assert seq > self.watermark, "nothing to fold"
+        folded = Log(watermark=seq, snapshot=history.snapshot(position, seq, {}))
+        folded.events = [e for e in self.events if e.seq > seq]
+        return folded
 
     # -- one event each ---------------------------------------------------------------------
 

@@ -100,11 +100,28 @@ class TestFold:
         assert failed.terminal == events.RUN_FAILED
 
     def test_the_watermark_is_where_a_compacted_log_resumes_numbering(self) -> None:
-        assert Log(watermark=40).history().last_seq == 40
-        log = Log(watermark=40).step_done(5, SEARCH, "x")
-        history = log.history()
-        assert history.steps[5].first_seq == 41
-        assert history.last_seq == 43
+        log = Log().step_done(1, PLAN, {"queries": ["a"]}).step_done(2, SEARCH, "x").compacted()
+        assert log.events == []
+        assert log.history().last_seq == log.watermark
+        history = log.step_done(3, SEARCH, "y").history()
+        assert history.steps[3].first_seq == log.watermark + 1
+        assert history.last_seq == log.watermark + 3
+        assert [history.steps[p].done for p in (1, 2, 3)] == [True, True, True]
+
+    def test_a_compacted_prefix_decides_exactly_as_its_log_did(self) -> None:
+        log = Log().step_done(1, PLAN, {"queries": ["a"]}).step_done(2, SEARCH, [1, 2])
+        log = log.started(3, SEARCH).dispatched(3)
+        whole, folded = log.history(), log.compacted().history()
+        for position, step in ((1, PLAN), (2, SEARCH), (3, SEARCH)):
+            action, rec = replay.decide(whole, position, step)
+            assert rec is not None
+            assert replay.decide(folded, position, step)[0] == action
+            assert folded.steps[position].result_text == rec.result_text
+        with pytest.raises(NonDeterminismError) as whole_error:
+            replay.decide(whole, 2, PLAN)
+        with pytest.raises(NonDeterminismError) as folded_error:
+            replay.decide(folded, 2, PLAN)
+        assert folded_error.value.position == whole_error.value.position == 2
 
     def test_folding_is_deterministic(self) -> None:
         log = Log().step_done(1, SEARCH, [1, 2]).started(2, NAP).armed(2, T0_S + 3600)

@@ -158,5 +158,22 @@ class Store(Protocol):
     def release_lease(self, run_id: str, token: int) -> None:
         """Give up the lease held with ``token`` (nothing happens if it was already taken)."""
 
+    def compact(self, run_id: str, watermark: int, snapshot: str, fence: int) -> int:
+        """Fold the run's log up to seq ``watermark`` into ``snapshot``, in ONE transaction,
+        durably: store the snapshot (checksummed) and the new watermark, and delete the events
+        with seq <= watermark. Refused with ``LeaseLost`` unless the run's lease token is
+        ``fence``; a watermark that does not move forward, or passes the last event, is a
+        ``ValueError``. Returns the number of events deleted. Side effects are never touched.
+        """
+
+    def load_history(self, run_id: str) -> tuple[int, str | None, list[Event]]:
+        """The run's watermark, its compaction snapshot (None if never compacted) and its
+        events after the watermark, read in one transaction; checksums verified as in
+        ``load_log`` (a snapshot that fails its own raises ``StorageError``)."""
+
+    def reclaim(self) -> tuple[int, int]:
+        """Hand the space freed by compaction back to the file system. Returns the database's
+        size in bytes (its WAL included) before and after."""
+
     def close(self) -> None:
         """Release the database. Idempotent."""

@@ -154,6 +154,10 @@ class SQLiteStore:
         """Bring the schema up to date. A current database is not written to at all."""
         if _schema_of(conn) == (APPLICATION_ID, SCHEMA_VERSION):
             return
+        if conn.execute(Q["count_tables"]).fetchone()[0] == 0:
+            # A new file: let compaction hand freed pages back to the file system. This can
+            # only be switched on before the first table exists.
+            conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
         conn.execute("BEGIN IMMEDIATE")
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -251,6 +255,9 @@ class SQLiteStore:
     def load_log(self, run_id: str, after_seq: int = 0) -> list[Event]:
         with self._read() as conn:
             rows = conn.execute(Q["load_log"], (run_id, after_seq)).fetchall()
+        return self._verified(run_id, rows)
+
+    def _verified(self, run_id: str, rows: list[tuple[Any, ...]]) -> list[Event]:
         log = []
         for seq, kind, step, fp, data, at_s, crc in rows:
             if codec.checksum(seq, kind, step, fp, data, at_s) != crc:
@@ -366,6 +373,61 @@ class SQLiteStore:
             value = conn.execute(Q["next_wake"]).fetchone()[0]
         return None if value is None else float(value)
 
+    def compact(self, run_id: str, watermark: int, snapshot: str, fence: int) -> int:
+        crc = codec.snapshot_checksum(watermark, snapshot)
+        with self._write(durable=True) as conn:
+            found = conn.execute(Q["compact_check"], (run_id,)).fetchone()
+            if found is None:
+                raise StorageError(f"{self.path}: no run {run_id!r} to compact")
+            token, old_mark, last_seq = found
+            if token != fence:
+                raise LeaseLost(
+                    f"run {run_id}: lease lost: another process owns this run now "
+                    f"(this process held token {fence})"
+                )
+            if not old_mark < watermark <= (last_seq or 0):
+                raise ValueError(
+                    f"run {run_id}: cannot fold up to seq {watermark}: the log holds seqs "
+                    f"{old_mark + 1}..{last_seq or old_mark}"
+                )
+            conn.execute(Q["set_snapshot"], (run_id, watermark, snapshot, crc))
+            return conn.execute(Q["delete_folded"], (run_id, watermark)).rowcount
+
+    def load_history(self, run_id: str) -> tuple[int, str | None, list[Event]]:
+        with self._read() as conn:
+            conn.execute("BEGIN")  # one read snapshot: a compaction cannot tear the two reads
+            try:
+                found = conn.execute(Q["get_snapshot"], (run_id,)).fetchone()
+                rows = conn.execute(Q["load_log"], (run_id, 0)).fetchall()
+            finally:
+                conn.execute("COMMIT")
+        if found is None:
+            return 0, None, []
+        watermark, text, crc = found
+        if text is not None and codec.snapshot_checksum(watermark, text) != crc:
+            raise StorageError(
+                f"{self.path}: the snapshot of run {run_id} (its log up to seq {watermark}) "
+                f"fails its checksum; it will not be replayed. Restore the database from a "
+                f"backup."
+            )
+        return watermark, text, self._verified(run_id, rows)
+
+    def reclaim(self) -> tuple[int, int]:
+        with self._lock:
+            conn = self._live()
+            before = _file_bytes(self.path)
+            try:
+                if conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2:  # incremental
+                    # Frees one page per step of the statement: executescript steps it to the
+                    # end, where execute() would stop after the first page.
+                    conn.executescript("PRAGMA incremental_vacuum;")
+                else:  # a file created before auto_vacuum was on: rewrite it
+                    conn.execute("VACUUM")
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            except sqlite3.Error as exc:
+                raise _storage_error(self.path, exc) from None
+            return before, _file_bytes(self.path)
+
     def close(self) -> None:
         with self._lock:
             if not self._closed:
@@ -378,6 +440,12 @@ class SQLiteStore:
 def _event_insert(run_id: str, e: Event, fence: int | None) -> tuple[str, tuple[Any, ...]]:
     crc = codec.checksum(e.seq, e.kind, e.step, e.fp, e.data, e.at_s)
     return Q["insert_event"], (run_id, e.seq, e.kind, e.step, e.fp, e.data, e.at_s, crc, fence)
+
+
+def _file_bytes(path: str) -> int:
+    """The database's size on disk, its WAL included."""
+    wal = f"{path}-wal"
+    return os.path.getsize(path) + (os.path.getsize(wal) if os.path.exists(wal) else 0)
 
 
 def _schema_of(conn: sqlite3.Connection) -> tuple[int, int]:

@@ -79,3 +79,16 @@ UPDATE runs SET lease_expires_s = ? WHERE run_id = ? AND lease_token = ? AND lea
 UPDATE runs SET lease_owner = NULL, lease_pid = NULL, lease_host = NULL, lease_started = NULL,
                 lease_expires_s = NULL
 WHERE run_id = ? AND lease_token = ?;
+
+-- name: compact_check
+SELECT lease_token, watermark, (SELECT MAX(seq) FROM events WHERE run_id = ?1)
+FROM runs WHERE run_id = ?1;
+
+-- name: set_snapshot
+UPDATE runs SET watermark = ?2, snapshot = ?3, snapshot_crc = ?4 WHERE run_id = ?1;
+
+-- name: delete_folded
+DELETE FROM events WHERE run_id = ? AND seq <= ?;
+
+-- name: get_snapshot
+SELECT watermark, snapshot, snapshot_crc FROM runs WHERE run_id = ?;
