@@ -23,7 +23,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from durabl import events
+from durabl.errors import StorageError
 from durabl.events import Event
+from durabl.replay import SNAPSHOT_FORMAT
 from durabl.store.base import Store
 
 _KINDS = {'["model"': "model", '["tool",': "tool", '["sleep"': "sleep"}
@@ -222,6 +224,20 @@ def of_runs(store: Store, run_ids: Iterable[str] | None = None) -> Metrics:
 
 def of_run(store: Store, run_id: str) -> Metrics:
     """The figures of one run, from its snapshot's counters and the log after it."""
-    _, snapshot, log = store.load_history(run_id)
-    counters = None if snapshot is None else json.loads(snapshot)["metrics"]
-    return MetricsFold.of(log, counters).m
+    watermark, snapshot, log = store.load_history(run_id)
+    if snapshot is None:
+        if watermark:
+            # The figures of the folded prefix are gone with it: refuse, as replay does,
+            # rather than report the tail of the log as the whole run.
+            raise StorageError(
+                f"run {run_id} is compacted up to seq {watermark} but has no snapshot; "
+                f"its figures cannot be known"
+            )
+        return MetricsFold.of(log).m
+    data = json.loads(snapshot)
+    if data.get("format") != SNAPSHOT_FORMAT:
+        raise StorageError(
+            f"run {run_id} has a snapshot in format {data.get('format')!r}, which this durabl "
+            f"does not know; was it written by a newer version?"
+        )
+    return MetricsFold.of(log, data["metrics"]).m

@@ -309,6 +309,10 @@ def decide(history: History, position: int, step: Step) -> tuple[str, StepRecord
         if expected == actual and rec.canonical is not None:
             # Short descriptions can coincide for long arguments: show everything.
             expected, actual = f"{expected} = {rec.canonical}", f"{actual} = {step.canonical}"
+        elif expected == actual:
+            # Compacted: the snapshot kept the description, not the full text.
+            expected = f"{expected} (fingerprint {rec.fp})"
+            actual = f"{actual} (fingerprint {step.fingerprint})"
         raise mismatch(history, position, expected, actual)
     if rec.done:
         return (THROW if rec.failure is not None else SERVE), rec

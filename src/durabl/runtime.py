@@ -106,6 +106,8 @@ class Compaction(BaseModel):
     runs: list[RunCompaction] = []
     busy: list[str] = []
     """Runs skipped because another live process is driving them."""
+    errors: dict[str, str] = {}
+    """Runs that could not be folded (a damaged log, say), with the reason; the others were."""
     bytes_before: int | None = None
     bytes_after: int | None = None
 
@@ -460,8 +462,9 @@ class Runtime:
     ) -> Compaction:
         """Fold each run's resolved prefix (its finished steps, less the last ``keep_last``)
         into its snapshot, one transaction per run; then, with ``reclaim``, hand the freed
-        space back to the file system. ``run_id`` None means every run. A run another live
-        process is driving is skipped (listed in ``busy``); replay is unchanged either way."""
+        space back to the file system. ``run_id`` None means every run; then a run another
+        live process is driving is skipped (listed in ``busy``), and a run that cannot be
+        folded (listed in ``errors``) does not stop the others. Replay is unchanged either way."""
         if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0:
             raise ValueError(f"keep_last must be an int >= 0, got {keep_last!r}")
         rows = [self._row(run_id)] if run_id is not None else self.store.list_runs()
@@ -473,6 +476,12 @@ class Runtime:
                 if run_id is not None:
                     raise
                 report.busy.append(row.run_id)
+                continue
+            except DurablError as exc:  # one damaged run never stops the others
+                if run_id is not None:
+                    raise
+                logger.warning("run %s not compacted: %s", row.run_id, exc)
+                report.errors[row.run_id] = f"{type(exc).__name__}: {exc}"
                 continue
             if folded is not None:
                 report.runs.append(folded)

@@ -122,6 +122,10 @@ class SQLiteStore:
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             self._check_identity(conn, read_only)
             if not read_only:
+                if conn.execute(Q["count_tables"]).fetchone()[0] == 0:
+                    # A new file: let compaction hand freed pages back to the file system.
+                    # Only possible before the first table, and before the switch to WAL.
+                    conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
                 mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
                 if mode.lower() != "wal":
                     raise StorageError(f"{self.path}: cannot switch the database to WAL mode")
@@ -154,10 +158,6 @@ class SQLiteStore:
         """Bring the schema up to date. A current database is not written to at all."""
         if _schema_of(conn) == (APPLICATION_ID, SCHEMA_VERSION):
             return
-        if conn.execute(Q["count_tables"]).fetchone()[0] == 0:
-            # A new file: let compaction hand freed pages back to the file system. This can
-            # only be switched on before the first table exists.
-            conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
         conn.execute("BEGIN IMMEDIATE")
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -390,6 +390,7 @@ class SQLiteStore:
                     f"run {run_id}: cannot fold up to seq {watermark}: the log holds seqs "
                     f"{old_mark + 1}..{last_seq or old_mark}"
                 )
+            conn.execute(Q["set_watermark"], (run_id, watermark))
             conn.execute(Q["set_snapshot"], (run_id, watermark, snapshot, crc))
             return conn.execute(Q["delete_folded"], (run_id, watermark)).rowcount
 
@@ -415,13 +416,17 @@ class SQLiteStore:
     def reclaim(self) -> tuple[int, int]:
         with self._lock:
             conn = self._live()
-            before = _file_bytes(self.path)
             try:
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()  # sizes like for like
+                before = _file_bytes(self.path)
                 if conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2:  # incremental
                     # Frees one page per step of the statement: executescript steps it to the
                     # end, where execute() would stop after the first page.
                     conn.executescript("PRAGMA incremental_vacuum;")
-                else:  # a file created before auto_vacuum was on: rewrite it
+                else:
+                    # A file created without auto_vacuum: rewrite it, and switch incremental
+                    # vacuum on in the rewrite so that the next reclaim is not another one.
+                    conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
                     conn.execute("VACUUM")
                 conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
             except sqlite3.Error as exc:

@@ -84,11 +84,18 @@ WHERE run_id = ? AND lease_token = ?;
 SELECT lease_token, watermark, (SELECT MAX(seq) FROM events WHERE run_id = ?1)
 FROM runs WHERE run_id = ?1;
 
+-- name: set_watermark
+UPDATE runs SET watermark = ?2 WHERE run_id = ?1;
+
 -- name: set_snapshot
-UPDATE runs SET watermark = ?2, snapshot = ?3, snapshot_crc = ?4 WHERE run_id = ?1;
+INSERT INTO snapshots (run_id, watermark, body, crc) VALUES (?1, ?2, ?3, ?4)
+ON CONFLICT (run_id) DO UPDATE SET
+    watermark = excluded.watermark, body = excluded.body, crc = excluded.crc;
 
 -- name: delete_folded
 DELETE FROM events WHERE run_id = ? AND seq <= ?;
 
 -- name: get_snapshot
-SELECT watermark, snapshot, snapshot_crc FROM runs WHERE run_id = ?;
+-- The checksum covers the run's watermark: a snapshot that is not the run's current one fails it.
+SELECT runs.watermark, snapshots.body, snapshots.crc
+FROM runs LEFT JOIN snapshots USING (run_id) WHERE run_id = ?;
