@@ -1,8 +1,9 @@
 """The ``durabl`` command line (SPEC §9, §16) as real processes against real databases.
 
-Each database is put in its state by ``cli_agents.py`` in a process of its own (a crash point
-ends that process at once), and every command runs as ``python -m durabl`` with
-``tests/integration`` on PYTHONPATH so that ``--import cli_agents`` finds the workflows.
+Each database is put in its state by ``cli_agents.py`` in a process of its own, and every
+command runs as ``python -m durabl`` with ``tests/integration`` on PYTHONPATH so that
+``--import cli_agents`` finds the workflows. ``test_cli_states.py`` shares ``Cli`` and
+``one_line_error``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +44,10 @@ class Cli:
         self.tmp = tmp_path
         self.db = tmp_path / "cli.db"
 
-    def prepare(self, state: str, run_id: str) -> None:
+    def prepare(self, state: str, run_id: str, *more: str) -> None:
+        """Put run ``run_id`` in ``state``; ``more`` holds further "STATE:RUN_ID" pairs."""
         done = subprocess.run(
-            [sys.executable, str(AGENTS), str(self.db), state, run_id],
+            [sys.executable, str(AGENTS), str(self.db), f"{state}:{run_id}", *more],
             env=_env(self.tmp),
             capture_output=True,
             text=True,
@@ -61,6 +65,11 @@ class Cli:
             text=True,
             timeout=30,
         )
+
+    def many(self, commands: Sequence[Sequence[str]]) -> list[subprocess.CompletedProcess[str]]:
+        """Run independent commands side by side, one process per core."""
+        with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+            return list(pool.map(lambda args: self(*args), commands))
 
     def json(self, *args: str) -> Any:
         done = self("--json", *args)
@@ -91,7 +100,7 @@ def cli(tmp_path: Path) -> Cli:
     return Cli(tmp_path)
 
 
-def _one_line_error(done: subprocess.CompletedProcess[str], *needles: str) -> None:
+def one_line_error(done: subprocess.CompletedProcess[str], *needles: str) -> None:
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.startswith("durabl: ")
@@ -105,7 +114,7 @@ def test_runs_lists_every_state_newest_first_and_filters(cli: Cli) -> None:
     cli.dead_letter("r-dead")
     cli.prepare("drifted", "r-drifted")
     held = cli("--import", "cli_agents", "resume", "r-drifted", DURABL_TEST_VERSION="2")
-    _one_line_error(held, "r-drifted", "recorded as")
+    one_line_error(held, "r-drifted", "recorded as")
 
     table = cli("runs")
     assert table.returncode == 0, table.stderr
@@ -193,9 +202,9 @@ def test_resume_prints_state_and_exit_codes(cli: Cli) -> None:
     assert state["status"] == "COMPLETED" and state["result"]["done"] == 3
     failed = cli("--import", "cli_agents", "resume", "bad")
     assert failed.returncode == 1 and "FAILED" in failed.stdout
-    _one_line_error(cli("--import", "cli_agents", "resume", "nope"), "nope")
-    _one_line_error(cli("resume", "r2"), "cli_chain")  # no --import: the workflow is unknown
-    _one_line_error(cli("--import", "no_such_module", "resume", "r2"), "no_such_module")
+    one_line_error(cli("--import", "cli_agents", "resume", "nope"), "nope")
+    one_line_error(cli("resume", "r2"), "cli_chain")  # no --import: the workflow is unknown
+    one_line_error(cli("--import", "no_such_module", "resume", "r2"), "no_such_module")
 
 
 def test_dlq_lists_and_redrive_resolve_cancel_are_logged(cli: Cli) -> None:
@@ -231,10 +240,10 @@ def test_dlq_lists_and_redrive_resolve_cancel_are_logged(cli: Cli) -> None:
 
     assert cli.json("dlq") == []
     assert cli("dlq").stdout.strip() == "no dead letters"
-    _one_line_error(
+    one_line_error(
         cli("--import", "cli_agents", "dlq", "resolve", "d3", "--result", "{bad"), "--result"
     )
-    _one_line_error(cli("--import", "cli_agents", "dlq", "redrive", "d3"), "d3")
+    one_line_error(cli("--import", "cli_agents", "dlq", "redrive", "d3"), "d3")
 
 
 def test_replay_dry_writes_nothing_even_mid_step(cli: Cli) -> None:
@@ -254,7 +263,7 @@ def test_replay_dry_writes_nothing_even_mid_step(cli: Cli) -> None:
 
     assert (cli.db.read_bytes(), wal.read_bytes() if wal.exists() else None) == before
     assert cli.calls() == [*calls, "model\tplan for two", "effect\t0"]  # only the preparation
-    _one_line_error(cli("--import", "cli_agents", "replay", "two"), "--dry")
+    one_line_error(cli("--import", "cli_agents", "replay", "two"), "--dry")
 
 
 def test_tick_fires_due_timers(cli: Cli) -> None:
@@ -270,27 +279,27 @@ def test_tick_fires_due_timers(cli: Cli) -> None:
 def test_missing_database_and_missing_run_are_one_line(cli: Cli, tmp_path: Path) -> None:
     missing = tmp_path / "nothing.db"
     for args in (["runs"], ["show", "r"], ["show", "r", "--trace"], ["dlq"]):
-        _one_line_error(cli(*args, db=missing), str(missing), "does not exist")
+        one_line_error(cli(*args, db=missing), str(missing), "does not exist")
     for args in (["resume", "r"], ["tick"], ["dlq", "cancel", "r"]):
-        _one_line_error(cli("--import", "cli_agents", *args, db=missing), "does not exist")
-    _one_line_error(
+        one_line_error(cli("--import", "cli_agents", *args, db=missing), "does not exist")
+    one_line_error(
         cli("--import", "cli_agents", "replay", "r", "--dry", db=missing), "does not exist"
     )
     assert not missing.exists() and not Path(f"{missing}-wal").exists()
 
     cli.prepare("completed", "ok")
-    _one_line_error(cli("show", "nope"), "nope")
-    _one_line_error(cli("show", "nope", "--trace"), "nope")
-    _one_line_error(cli("runs", "--limit", "0"), "--limit")
-    _one_line_error(cli("runs", "--status", "DONE"), "DONE", "COMPLETED")
-    _one_line_error(cli("frobnicate"), "frobnicate")
+    one_line_error(cli("show", "nope"), "nope")
+    one_line_error(cli("show", "nope", "--trace"), "nope")
+    one_line_error(cli("runs", "--limit", "0"), "--limit")
+    one_line_error(cli("runs", "--status", "DONE"), "DONE", "COMPLETED")
+    one_line_error(cli("frobnicate"), "frobnicate")
     (tmp_path / "broken_agents.py").write_text("raise RuntimeError('half deployed')\n")
     path = os.pathsep.join([str(tmp_path), str(HERE), str(ROOT / "src")])
     broken = cli("--import", "broken_agents", "resume", "ok", PYTHONPATH=path)
-    _one_line_error(broken, "broken_agents", "half deployed")
+    one_line_error(broken, "broken_agents", "half deployed")
     not_db = tmp_path / "notes.txt"
     not_db.write_text("hello\n" * 50)
-    _one_line_error(cli("runs", db=not_db), "not a durabl database")
+    one_line_error(cli("runs", db=not_db), "not a durabl database")
 
 
 def _subcommands(parser: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -305,11 +314,16 @@ def _subcommands(parser: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, .
 
 def test_every_subcommand_has_help_and_is_in_the_readme(cli: Cli) -> None:
     commands = _subcommands(build_parser())
-    assert {c[0] for c in commands} >= {"worker", "runs", "show", "resume", "dlq", "replay", "tick"}
+    assert {c[0] for c in commands} >= {
+        *("worker", "runs", "show", "resume", "dlq", "replay", "tick"),
+        *("metrics", "compact", "doctor"),
+    }
     readme = (ROOT / "README.md").read_text()
-    for command in [(), *commands]:
-        done = cli(*command, "--help")
+    section = readme[readme.index("## Command line") :]
+    section = section[: section.index("\n## ", 1)]
+    helps = cli.many([(*command, "--help") for command in [(), *commands]])
+    for command, done in zip([(), *commands], helps, strict=True):
         assert done.returncode == 0, (command, done.stderr)
         assert done.stdout.startswith("usage: durabl"), command
         if command:
-            assert re.search(rf"durabl [^\n`]*{' '.join(command)}\b", readme), command
+            assert re.search(rf"durabl [^\n`]*{' '.join(command)}\b", section), command

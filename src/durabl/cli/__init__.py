@@ -130,3 +130,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DurablError as exc:
         print(f"durabl: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # the reader went away (``durabl show RUN | head``)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK

@@ -1,21 +1,29 @@
-"""The inspection and operator commands: runs, show, resume, dlq, replay, tick.
+"""The inspection and operator commands: runs, show, resume, dlq, replay, tick, metrics,
+compact, doctor.
 
 Read-only commands open the database with ``SQLiteStore(path, read_only=True)``: they never
-create, migrate or write a file. Each handler returns the exit code.
+create, migrate or write a file. Each handler returns the exit code. Output is plain text, or
+JSON with ``--json``; on a terminal the tables are drawn with rich, imported only then.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from durabl import codec, events
+from durabl import codec, events, replay
+from durabl.metrics import Metrics, of_run
 from durabl.replay import History
 from durabl.runtime import RunState, Runtime
+from durabl.store import doctor
+from durabl.store.base import RunRow
 from durabl.store.sqlite import SQLiteStore
 
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -39,6 +47,9 @@ def add_commands(commands: Any) -> None:
     _add_dlq(commands)
     _add_replay(commands)
     _add_tick(commands)
+    _add_metrics(commands)
+    _add_compact(commands)
+    _add_doctor(commands)
     for parser in _all_parsers(commands):
         # the global options are accepted after the command too
         parser.add_argument("--db", default=argparse.SUPPRESS, help="the database file")
@@ -150,13 +161,67 @@ def _add_tick(commands: Any) -> None:
     p.set_defaults(handler=_tick, needs_db=True)
 
 
+def _add_metrics(commands: Any) -> None:
+    p = commands.add_parser(
+        "metrics",
+        help="what a run cost: steps, retries, replays, time, model tokens",
+        description="Print a run's figures from its log alone (read-only): steps, model and "
+        "tool calls, attempts, retries, resumes and the steps they replayed, model calls and "
+        "tool calls executed again after a crash, dead letters, model tokens and the tokens "
+        "re-executed calls cost (estimated from the usage recorded for the same call), and wall "
+        "clock against time in steps and waiting on timers. Without RUN: the sums over every "
+        "run, and one row per run.",
+    )
+    p.add_argument("run", metavar="RUN", nargs="?", help="the run id (default: every run)")
+    p.set_defaults(handler=_metrics, read_only=True)
+
+
+def _add_compact(commands: Any) -> None:
+    p = commands.add_parser(
+        "compact",
+        help="fold finished steps into a snapshot and reclaim the space",
+        description="Fold each run's finished prefix (less its last --keep-last steps) into a "
+        "snapshot, delete the folded events and hand the space back to the file system. Replay "
+        "gives the same state afterwards. Runs driven by a live process are skipped and listed; "
+        "an explicit RUN driven by one is an error.",
+    )
+    p.add_argument("run", metavar="RUN", nargs="?", help="the run id (default: every run)")
+    p.add_argument(
+        "--keep-last",
+        type=_whole,
+        default=0,
+        metavar="N",
+        help="leave the last N finished steps of each run in the log (default 0)",
+    )
+    p.set_defaults(handler=_compact, needs_db=True)
+
+
+def _add_doctor(commands: Any) -> None:
+    p = commands.add_parser(
+        "doctor",
+        help="check the database for damage (read-only)",
+        description="Check the database without changing it: SQLite's integrity check, the "
+        "schema, every event's and snapshot's checksum, that each log is numbered without gaps "
+        "and starts where it should, that each run's status agrees with its log, and that no "
+        "row names a missing run. Exit 0 when healthy, 1 when damage was found.",
+    )
+    p.set_defaults(handler=_doctor, read_only=True)
+
+
 def _positive_int(text: str) -> int:
+    value = _whole(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    return value
+
+
+def _whole(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
     return value
 
 
@@ -172,11 +237,45 @@ def _read_store(path: str) -> Iterator[SQLiteStore]:
         store.close()
 
 
-def _emit(args: argparse.Namespace, payload: Any, text: str) -> None:
+@dataclass(frozen=True)
+class _Grid:
+    """A table: aligned plain text, or a rich table on a terminal."""
+
+    headers: Sequence[str]
+    rows: list[list[str]]
+
+
+def _emit(args: argparse.Namespace, payload: Any, *parts: str | _Grid) -> None:
     if args.json:
         print(json.dumps(payload, indent=2, sort_keys=True, default=str))
-    elif text:
-        print(text)
+        return
+    console = _console()
+    for part in parts:
+        if console is None:
+            print(part if isinstance(part, str) else _table(part.headers, part.rows))
+        elif isinstance(part, str):
+            console.print(part, markup=False, highlight=False)
+        else:
+            console.print(_rich_table(part))
+
+
+def _console() -> Any:
+    """A rich console when stdout is a terminal, else None (plain, greppable text)."""
+    if not sys.stdout.isatty():
+        return None
+    from rich.console import Console
+
+    return Console(highlight=False)
+
+
+def _rich_table(grid: _Grid) -> Any:
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(*grid.headers, header_style="bold")
+    for row in grid.rows:
+        table.add_row(*(Text(cell) for cell in row))
+    return table
 
 
 def _when(at_s: float | None) -> str:
@@ -190,6 +289,10 @@ def _short(text: str | None, width: int = _SHORT) -> str:
         return ""
     flat = " ".join(text.split())
     return flat if len(flat) <= width else flat[: width - 3] + "..."
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}" if n == 1 else f"{n} {thing}s"
 
 
 def _table(headers: Sequence[str], rows: list[list[str]]) -> str:
@@ -253,40 +356,85 @@ def _runs(args: argparse.Namespace) -> int:
         for r in rows
     ]
     table = [[r.run_id, r.workflow, r.status, _when(r.updated_s), _short(r.error)] for r in rows]
-    text = _table(["RUN", "WORKFLOW", "STATUS", "UPDATED (UTC)", "ERROR"], table)
-    _emit(args, payload, text if rows else "no runs")
+    grid = _Grid(["RUN", "WORKFLOW", "STATUS", "UPDATED (UTC)", "ERROR"], table)
+    _emit(args, payload, grid if rows else "no runs")
     return EXIT_OK
 
 
-def _load(store: SQLiteStore, run_id: str) -> tuple[Any, list[events.Event]]:
+@dataclass(frozen=True)
+class _Loaded:
+    """A run's row, what is left of its log, and the history folded from both."""
+
+    row: RunRow
+    log: list[events.Event]
+    history: History
+    watermark: int
+
+    @property
+    def head(self) -> str:
+        return f"run {self.row.run_id} ({self.row.workflow}): {self.row.status}"
+
+    @property
+    def folded_steps(self) -> int:
+        return sum(1 for rec in self.history.steps.values() if rec.first_seq <= self.watermark)
+
+    @property
+    def compacted(self) -> str:
+        return (
+            f"seqs 1..{self.watermark} were compacted into a snapshot of "
+            f"{_count(self.folded_steps, 'step')}"
+        )
+
+
+def _row(store: SQLiteStore, run_id: str) -> RunRow:
     from durabl.errors import RunNotFoundError
 
     row = store.get_run(run_id)
     if row is None:
         raise RunNotFoundError(f"no run {run_id!r} in {store.path}")
-    return row, store.load_log(run_id)
+    return row
+
+
+def _load(store: SQLiteStore, run_id: str) -> _Loaded:
+    row = _row(store, run_id)
+    watermark, snapshot, log = store.load_history(run_id)
+    history = History.from_events(run_id, log, watermark=watermark, snapshot=snapshot)
+    return _Loaded(row, log, history, watermark)
 
 
 def _show(args: argparse.Namespace) -> int:
     with _read_store(args.db) as store:
-        row, log = _load(store, args.run)
+        run = _load(store, args.run)
     if args.trace:
-        _emit(args, *_trace(row, log))
+        _trace(args, run)
     else:
-        payload = [
+        _timeline(args, run)
+    return EXIT_FAILED if run.row.status == events.FAILED else EXIT_OK
+
+
+def _timeline(args: argparse.Namespace, run: _Loaded) -> None:
+    """The events after the compacted prefix (all of them if there is none), one per line."""
+    payload = {
+        "run_id": run.row.run_id,
+        "status": run.row.status,
+        "watermark": run.watermark,
+        "snapshot_steps": run.folded_steps,
+        "events": [
             {"seq": e.seq, "at_s": e.at_s, "kind": e.kind, "step": e.step, "data": _data(e.data)}
-            for e in log
-        ]
-        table = [
-            [str(e.seq), _when(e.at_s), e.kind, str(e.step) if e.step else "", _short(e.data)]
-            for e in log
-        ]
-        head = f"run {row.run_id} ({row.workflow}): {row.status}"
-        if row.error:
-            head += f"\nerror: {row.error}"
-        text = head + "\n" + _table(["SEQ", "TIME (UTC)", "KIND", "STEP", "DATA"], table)
-        _emit(args, {"run_id": row.run_id, "status": row.status, "events": payload}, text)
-    return EXIT_FAILED if row.status == events.FAILED else EXIT_OK
+            for e in run.log
+        ],
+    }
+    table = [
+        [str(e.seq), _when(e.at_s), e.kind, str(e.step) if e.step else "", _short(e.data)]
+        for e in run.log
+    ]
+    parts: list[str | _Grid] = [run.head]
+    if run.row.error:
+        parts.append(f"error: {run.row.error}")
+    if run.watermark:
+        parts.append(run.compacted)
+    parts.append(_Grid(["SEQ", "TIME (UTC)", "KIND", "STEP", "DATA"], table))
+    _emit(args, payload, *parts)
 
 
 def _data(text: str | None) -> Any:
@@ -298,9 +446,9 @@ def _data(text: str | None) -> Any:
         return text
 
 
-def _trace(row: Any, log: list[events.Event]) -> tuple[Any, str]:
+def _trace(args: argparse.Namespace, run: _Loaded) -> None:
     """Per step: did the last process serve it from the log, or execute it?"""
-    history = History.from_events(row.run_id, log, watermark=row.watermark)
+    history = run.history
     boundary = history.resumed_at[-1] if history.resumed_at else 0
     steps: list[dict[str, Any]] = []
     for position in sorted(history.steps):
@@ -313,18 +461,25 @@ def _trace(row: Any, log: list[events.Event]) -> tuple[Any, str]:
             how = "replayed"
         else:
             how = "executed"
-        steps.append({"position": position, "step": rec.canonical, "how": how})
+        about = replay._recorded(rec)
+        steps.append(
+            {"position": position, "step": rec.canonical, "description": about, "how": how}
+        )
     payload = {
-        "run_id": row.run_id,
-        "status": row.status,
+        "run_id": run.row.run_id,
+        "status": run.row.status,
         "processes": len(history.resumed_at) + 1,
         "last_resumed_seq": boundary or None,
+        "watermark": run.watermark,
         "steps": steps,
     }
-    table = [[str(s["position"]), str(s["how"]), _short(s["step"])] for s in steps]
-    head = f"run {row.run_id} ({row.workflow}): {row.status}; "
+    table = [[str(s["position"]), str(s["how"]), _short(s["description"])] for s in steps]
+    head = run.head + "; "
     head += f"last process took over at seq {boundary}" if boundary else "one process"
-    return payload, head + "\n" + _table(["STEP", "HOW", "DESCRIPTION"], table)
+    parts: list[str | _Grid] = [head]
+    if run.watermark:
+        parts.append(run.compacted)
+    _emit(args, payload, *parts, _Grid(["STEP", "HOW", "DESCRIPTION"], table))
 
 
 def _dlq_list(args: argparse.Namespace) -> int:
@@ -334,10 +489,9 @@ def _dlq_list(args: argparse.Namespace) -> int:
         [d.run_id, d.workflow, str(d.step), _short(d.step_description, 40), _short(d.reason)]
         for d in letters
     ]
-    text = _table(["RUN", "WORKFLOW", "STEP", "DESCRIPTION", "REASON"], table)
-    _emit(
-        args, [d.model_dump(mode="json") for d in letters], text if letters else "no dead letters"
-    )
+    grid = _Grid(["RUN", "WORKFLOW", "STEP", "DESCRIPTION", "REASON"], table)
+    payload = [d.model_dump(mode="json") for d in letters]
+    _emit(args, payload, grid if letters else "no dead letters")
     return EXIT_OK
 
 
@@ -350,6 +504,104 @@ def _replay(args: argparse.Namespace) -> int:
         state = rt.replay(args.run, dry=True)
     _emit(args, state.model_dump(mode="json"), _state_text(state))
     return EXIT_FAILED if state.status == events.FAILED else EXIT_OK
+
+
+def _metrics(args: argparse.Namespace) -> int:
+    with _read_store(args.db) as store:
+        if args.run is None:
+            each = [(row, of_run(store, row.run_id)) for row in store.list_runs()]
+        else:
+            row = _row(store, args.run)
+            each = [(row, of_run(store, row.run_id))]
+    per_run = [
+        {"run_id": row.run_id, "workflow": row.workflow, "status": row.status, **m.model_dump()}
+        for row, m in each
+    ]
+    if args.run is not None:
+        [(row, figures)] = each
+        head = f"run {row.run_id} ({row.workflow}): {row.status}"
+        _emit(args, per_run[0], head, _Grid(["FIGURE", "VALUE"], _figures(figures)))
+        return EXIT_FAILED if row.status == events.FAILED else EXIT_OK
+    total = sum((m for _, m in each), Metrics(runs=0))
+    table = [[row.run_id, row.workflow, row.status, *_columns(m)] for row, m in each]
+    headers = ["RUN", "WORKFLOW", "STATUS", "STEPS", "RETRIES", "RESUMES", "RE-EXECUTED"]
+    headers += ["TOKENS", "RE-EXECUTED TOKENS", "WALL (S)"]
+    _emit(
+        args,
+        {"total": total.model_dump(), "runs": per_run},
+        _count(total.runs, "run"),
+        _Grid(["FIGURE", "VALUE"], _figures(total)),
+        _Grid(headers, table) if table else "no runs",
+    )
+    return EXIT_OK
+
+
+def _columns(m: Metrics) -> list[str]:
+    again = m.reexecuted_model_calls + m.reexecuted_tool_calls
+    counts = (m.steps, m.retries, m.resumes, again, m.total_tokens, m.reexecuted_tokens)
+    return [*map(str, counts), f"{m.wall_s:.3f}"]
+
+
+def _figures(m: Metrics) -> list[list[str]]:
+    return [
+        ["steps", str(m.steps)],
+        ["model calls", str(m.model_calls)],
+        ["tool calls", str(m.tool_calls)],
+        ["sleeps", str(m.sleeps)],
+        ["ctx values", str(m.ctx_values)],
+        ["attempts", str(m.attempts)],
+        ["retries", str(m.retries)],
+        ["failed steps", str(m.failed_steps)],
+        ["dead letters", str(m.dead_letters)],
+        ["resumes", str(m.resumes)],
+        ["replayed steps", str(m.replayed_steps)],
+        ["re-executed model calls", str(m.reexecuted_model_calls)],
+        ["re-executed tool calls", str(m.reexecuted_tool_calls)],
+        ["input tokens", str(m.input_tokens)],
+        ["output tokens", str(m.output_tokens)],
+        ["total tokens", str(m.total_tokens)],
+        ["re-executed tokens", f"{m.reexecuted_tokens} (estimated)"],
+        ["wall clock", f"{m.wall_s:.3f} s"],
+        ["time in steps", f"{m.step_s:.3f} s"],
+        ["timer waits", f"{m.timer_wait_s:.3f} s"],
+    ]
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from durabl.cli import UsageError
+
+    if not os.path.lexists(args.db):
+        raise UsageError(f"{args.db} does not exist")
+    with _progress(args) as progress:
+        found = doctor.examine(args.db, progress)
+    healthy = all(f.ok for f in found)
+    problems = sum(1 for f in found if not f.ok)
+    table = [[f.check, "ok" if f.ok else "DAMAGED", f.message] for f in found]
+    _emit(
+        args,
+        {"path": args.db, "healthy": healthy, "findings": [asdict(f) for f in found]},
+        _Grid(["CHECK", "RESULT", "DETAIL"], table),
+        "healthy" if healthy else f"damaged: {_count(problems, 'problem')} found",
+    )
+    return EXIT_OK if healthy else EXIT_FAILED
+
+
+@contextmanager
+def _progress(args: argparse.Namespace) -> Iterator[doctor.Progress | None]:
+    """A progress bar for the checksum scan, on a terminal only."""
+    console = None if args.json else _console()
+    if console is None:
+        yield None
+        return
+    from rich.progress import Progress
+
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("checking checksums", total=None)
+
+        def advance(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield advance
 
 
 # -- commands that write ---------------------------------------------------------------------
@@ -383,3 +635,19 @@ def _tick(args: argparse.Namespace, rt: Runtime) -> int:
     text = "\n".join(_state_text(s) for s in states) or "no timers due"
     _emit(args, payload, text)
     return EXIT_OK
+
+
+def _compact(args: argparse.Namespace, rt: Runtime) -> int:
+    report = rt.compact(args.run, keep_last=args.keep_last)
+    table = [
+        [c.run_id, str(c.steps_folded), str(c.events_deleted), str(c.watermark), str(c.events_kept)]
+        for c in report.runs
+    ]
+    headers = ["RUN", "STEPS FOLDED", "EVENTS DELETED", "LOG STARTS AFTER SEQ", "EVENTS KEPT"]
+    parts: list[str | _Grid] = [_Grid(headers, table) if table else "nothing to fold"]
+    if report.busy:
+        parts.append(f"skipped, driven by a live process: {', '.join(report.busy)}")
+    parts.extend(f"not compacted: {run_id}: {why}" for run_id, why in report.errors.items())
+    parts.append(f"file: {report.bytes_before} bytes before, {report.bytes_after} bytes after")
+    _emit(args, report.model_dump(mode="json"), *parts)
+    return EXIT_FAILED if report.errors else EXIT_OK

@@ -99,3 +99,33 @@ DELETE FROM events WHERE run_id = ? AND seq <= ?;
 -- The checksum covers the run's watermark: a snapshot that is not the run's current one fails it.
 SELECT runs.watermark, snapshots.body, snapshots.crc
 FROM runs LEFT JOIN snapshots USING (run_id) WHERE run_id = ?;
+
+-- name: doctor_integrity
+PRAGMA integrity_check;
+
+-- name: doctor_identity
+SELECT application_id, user_version FROM pragma_application_id(), pragma_user_version();
+
+-- name: doctor_triggers
+SELECT name FROM sqlite_master WHERE type = 'trigger';
+
+-- name: doctor_runs
+SELECT run_id, status, runs.watermark, snapshots.body, snapshots.crc
+FROM runs LEFT JOIN snapshots USING (run_id) ORDER BY run_id;
+
+-- name: doctor_count_events
+SELECT COUNT(*) FROM events;
+
+-- name: doctor_events
+SELECT run_id, seq, kind, step, fp, data, at_s, crc FROM events ORDER BY run_id, seq;
+
+-- name: doctor_orphans
+SELECT 'side_effects', idempotency_key, run_id FROM side_effects
+WHERE run_id NOT IN (SELECT run_id FROM runs)
+UNION ALL
+SELECT 'key_claims', idempotency_key, run_id FROM key_claims
+WHERE run_id NOT IN (SELECT run_id FROM runs)
+UNION ALL
+SELECT 'snapshots', run_id, run_id FROM snapshots
+WHERE run_id NOT IN (SELECT run_id FROM runs)
+ORDER BY 1, 2;
