@@ -16,12 +16,18 @@ of ``Runtime`` instances ("processes") sharing one SQLite file, the injected clo
 - act as the operator on a dead letter: look in the world's ledger, resolve with the ledger's
   result if the effect happened, redrive if it did not;
 - make the model endpoint fail its next call (the model call backs off on a durable timer);
+- compact one run or all of them, keeping a random number of finished steps out of the
+  snapshot: a dry replay, the run's state and its metrics must read the same before and after,
+  and a death armed at the compaction's lease may strike it;
 - restart cleanly (a new process with nothing interrupted).
 
-The oracle model replays each run's workflow against pure copies of the world's doubles, fed the
-ctx values its log recorded: that gives the steps the run must yield (position by position, the
-log must hold exactly those), the effects the world may see, and the result a completed run must
-have. The invariants below are checked after every operation; at the end every run is driven to
+Compaction deletes the prefix of a log it folds. The machine keeps every event it has seen, so
+the invariants read each run's whole log: the events compaction folded (as the machine saw them
+before) followed by the ones still in the file, which must number watermark+1..N with nothing
+seen before changed. The oracle model replays each run's workflow against pure copies of the
+world's doubles, fed the ctx values its log recorded: that gives the steps the run must yield
+(position by position, the log must hold exactly those), the effects the world may see, and the
+result a completed run must have. The invariants below are checked after every operation; at the end every run is driven to
 completion and the world must have seen each of its effects exactly once.
 """
 
@@ -66,6 +72,8 @@ from durabl import (
     crashpoints,
 )
 from durabl.crashpoints import CrashAt, ProcessDeath
+from durabl.events import Event
+from durabl.metrics import MetricsFold
 from durabl.steps import CtxValue, Step
 from oracles.support import (
     START_S,
@@ -74,6 +82,7 @@ from oracles.support import (
     World,
     assert_effects_match_log,
     assert_gapless,
+    assert_gapless_after_watermark,
     assert_log_and_effects_agree,
     assert_snapshot_gapless,
     assert_snapshot_timers,
@@ -386,6 +395,10 @@ class DurablMachine(RuleBasedStateMachine):
         self.writer = self.rt.instance_id
         self.last_writer: dict[str, str] = {}
         self.seen_events: dict[str, int] = {}
+        self.logs: dict[str, list[tuple[Any, ...]]] = {}
+        """Every run's whole log as last read: what compaction folded, then the file's rows."""
+        self.compacted = False
+        """True once a compaction began: from then on a log's prefix may be gone from the file."""
 
     # -- processes ---------------------------------------------------------------------------
 
@@ -430,7 +443,7 @@ class DurablMachine(RuleBasedStateMachine):
             event(f"process died at {death.point}")
             self.rt.close()  # what the OS does for a dead process: its file handles go
             # Before anything resumes: the file must hold no torn write.
-            snap = Snapshot(self.db)
+            snap = self.read()
             assert_log_and_effects_agree(snap)
             assert_snapshot_gapless(snap)
             assert_snapshot_timers(snap, finished=False)
@@ -443,6 +456,49 @@ class DurablMachine(RuleBasedStateMachine):
         self.failed_check = True
         yield
         self.failed_check = False
+
+    def read(self) -> Snapshot:
+        """One read of the file, each run's log made whole again: the events compaction folded
+        into the run's snapshot (the machine saw them before they went) and the rows after the
+        watermark, which must continue them with no gap. Nothing seen before may change."""
+        snap = Snapshot(self.db)
+        if not self.compacted:  # the file holds every whole log (and check() says gapless)
+            self.logs = dict(snap.events)
+            return snap
+        with connect(self.db) as conn:
+            marks = dict(
+                conn.execute(
+                    "SELECT run_id, CASE WHEN body IS NULL THEN -runs.watermark "
+                    "ELSE runs.watermark END FROM runs LEFT JOIN snapshots USING (run_id)"
+                ).fetchall()
+            )
+        for rid, live in snap.events.items():
+            mark = marks[rid]
+            assert mark >= 0, f"run {rid} is compacted up to seq {-mark} and has no snapshot"
+            seqs = [row[0] for row in live]
+            assert seqs == list(range(mark + 1, mark + 1 + len(seqs))), (
+                f"run {rid} is compacted up to seq {mark} and holds seqs {seqs}"
+            )
+            known = self.logs.get(rid, [])
+            assert len(known) >= mark, f"run {rid}: seqs up to {mark} were folded unseen"
+            whole = known[:mark] + live
+            assert whole[: len(known)] == known, f"run {rid}: an event seen before changed"
+            snap.events[rid] = self.logs[rid] = whole
+        return snap
+
+    def observe(self, rid: str) -> tuple[Any, ...]:
+        """What a user can learn about a run: a dry replay, its state, its metrics."""
+        try:
+            replayed: Any = self.rt.replay(rid)
+        except Exception as exc:
+            replayed = (type(exc).__name__, str(exc))
+        return replayed, self.rt.state(rid), self.rt.metrics(rid)
+
+    def check_metrics(self) -> None:
+        """The metrics of every run are the fold of its whole log, compacted or not."""
+        for rid, log in self.logs.items():
+            whole = MetricsFold.of(Event(*row) for row in log).m
+            assert self.rt.metrics(rid) == whole, f"run {rid}: metrics differ from its log"
 
     # -- rules -------------------------------------------------------------------------------
 
@@ -501,7 +557,7 @@ class DurablMachine(RuleBasedStateMachine):
             before = all_state(self.db, self.world)
             state = self._drive(lambda rt: rt.replay(run))
             assert all_state(self.db, self.world) == before, "a dry replay changed something"
-            view = read_runs(Snapshot(self.db))[run]
+            view = read_runs(self.read())[run]
             if state is not None and view.status == "COMPLETED":
                 assert state.status == "COMPLETED", state
                 assert codec.encode(state.result) == view.result, (state, view.result)
@@ -539,7 +595,7 @@ class DurablMachine(RuleBasedStateMachine):
                 self._check_states(states)
             if crash is None or not crash.fired:
                 # tick fires exactly the timers due: none is left due behind it.
-                for rid, view in read_runs(Snapshot(self.db)).items():
+                for rid, view in read_runs(self.read()).items():
                     if view.status in ("RUNNING", "SLEEPING") and view.wake_at_s is not None:
                         assert view.wake_at_s > self.clock.now_s, (
                             f"run {rid} is due at {view.wake_at_s} but tick at "
@@ -567,6 +623,39 @@ class DurablMachine(RuleBasedStateMachine):
                     self.rt.resolve(run, {"charged": 0})
             assert all_state(self.db, self.world) == before, "a refused operator action wrote"
 
+    @precondition(lambda self: bool(self.model))
+    @rule(run=st.one_of(st.none(), runs), keep_last=st.integers(0, 4))
+    def compact(self, run: str | None, keep_last: int) -> None:
+        """Fold finished steps into snapshots: invisible to replay, state and metrics. A run
+        whose lease another live process held would be skipped, but this machine runs one
+        process at a time: every run is compacted (a death at the lease aside)."""
+        with self._checking():
+            targets = sorted(self.model) if run is None else [run]
+            self.read()
+            before = {rid: self.observe(rid) for rid in targets}
+            marks = {rid: self._watermark(rid) for rid in targets}
+            self.compacted = True
+            report = self._drive(lambda rt: rt.compact(run, keep_last=keep_last))
+            if report is not None:
+                assert report.busy == [], report
+                folded = {r.run_id: r for r in report.runs}
+                assert set(folded) <= set(targets)
+                for rid in targets:
+                    mark = self._watermark(rid)
+                    assert (rid in folded) == (mark > marks[rid]), (rid, marks[rid], mark)
+                    if rid in folded:
+                        assert folded[rid].watermark == mark
+                        event(f"compacted {folded[rid].steps_folded} steps")
+            self.read()
+            assert {rid: self.observe(rid) for rid in targets} == before
+            self.check_metrics()
+
+    def _watermark(self, rid: str) -> int:
+        with connect(self.db) as conn:
+            return int(
+                conn.execute("SELECT watermark FROM runs WHERE run_id = ?", (rid,)).fetchone()[0]
+            )
+
     @precondition(lambda self: self.world.llm_failures_left == 0)
     @rule()
     def model_outage(self) -> None:
@@ -583,7 +672,7 @@ class DurablMachine(RuleBasedStateMachine):
     def _check_states(self, states: list[RunState]) -> None:
         """What a drive reports is what the file says; no run was quietly skipped as broken
         (``resume_all`` and ``tick`` isolate a failing run and report it in its state)."""
-        views = read_runs(Snapshot(self.db))
+        views = read_runs(self.read())
         for state in states:
             assert state.status == views[state.run_id].status, (state, views[state.run_id])
             assert state.error is None or state.status == "DEAD_LETTERED", state
@@ -616,7 +705,7 @@ class DurablMachine(RuleBasedStateMachine):
 
     def check(self) -> None:
         """Every invariant, over one read of the file."""
-        snap = Snapshot(self.db)
+        snap = self.read()
         assert_snapshot_gapless(snap)
         assert_log_and_effects_agree(snap)
         assert_snapshot_timers(snap, finished=False)
@@ -793,7 +882,7 @@ class DurablMachine(RuleBasedStateMachine):
         self.rt = self._boot()
         self.writer = self.rt.instance_id
         for _ in range(10 * MAX_RUNS):
-            if all(v.status == "COMPLETED" for v in read_runs(Snapshot(self.db)).values()):
+            if all(v.status == "COMPLETED" for v in read_runs(self.read()).values()):
                 break
             self.rt.resume_all()
             for letter in self.rt.dead_letters():
@@ -804,11 +893,13 @@ class DurablMachine(RuleBasedStateMachine):
             self.rt.tick()
             self.check()
         self.check()
-        snap = Snapshot(self.db)
+        snap = self.read()
         assert_snapshot_timers(snap, finished=True)
-        assert_effects_match_log(self.db)
-        assert_gapless(self.db)
-        assert_timers_once(self.db)
+        assert_gapless_after_watermark(self.db)
+        if not any(self._watermark(rid) for rid in self.model):  # the file holds every log whole
+            assert_effects_match_log(self.db)
+            assert_gapless(self.db)
+            assert_timers_once(self.db)
         views = read_runs(snap)
         unfinished = {rid: v.status for rid, v in views.items() if v.status != "COMPLETED"}
         assert not unfinished, f"runs did not complete: {unfinished}"
@@ -823,6 +914,17 @@ class DurablMachine(RuleBasedStateMachine):
                 assert codec.decode(views[known.run_id].result)["slept"] is True
         assert snap.claims == [], "key claims outlived every run"
         assert self.rt.dead_letters() == []
+        # Folding every finished run whole changes nothing anyone can see.
+        before = {rid: self.observe(rid) for rid in sorted(self.model)}
+        self.compacted = True
+        self.rt.compact()
+        self.check()
+        assert {rid: self.observe(rid) for rid in sorted(self.model)} == before
+        self.check_metrics()
+        for rid in self.model:
+            left = [row[2] for row in event_rows(self.db, rid)]
+            assert left[-1:] == ["RUN_COMPLETED"], f"run {rid} kept {left} after compaction"
+            assert set(left) <= {"RUN_RESUMED", "RUN_COMPLETED"}, f"run {rid} kept {left}"
 
 
 def test_random_operations_against_one_database() -> None:

@@ -24,9 +24,10 @@ from typing import Any
 import pytest
 
 from durabl import ProcessDeath, SchemaVersionError, StorageError, codec, events
+from durabl.errors import LeaseLost
 from durabl.events import Event
 from durabl.store import Commit, KeyClaim, RunRow, SideEffect, SQLiteStore, Store
-from durabl.store.base import UNCHANGED
+from durabl.store.base import UNCHANGED, Lease
 from durabl.store.sqlite import APPLICATION_ID, SCHEMA_VERSION
 
 T0_S = 1_700_000_000.0
@@ -50,6 +51,9 @@ class Backend:
     (bypassing every guard), and return a store open on the damaged copy."""
     dying_text: Callable[[str], str]
     """A text value that raises ``ProcessDeath`` at the moment the backend writes it."""
+    damage_run: Callable[[Store, str, str, Any], Store]
+    """Close the store, overwrite one column of one run's row on a copy of the database
+    (bypassing every guard), and return a store open on the damaged copy."""
 
 
 class _DiesWhenBound(str):
@@ -85,7 +89,23 @@ def _sqlite(durability: str) -> Backend:
         assert changed == 1, "the event to damage must be in the closed database file"
         return SQLiteStore(copy, durability=durability)
 
-    return Backend(f"sqlite-{durability}", open_, reopen, attach, damage_event, _DiesWhenBound)
+    def damage_run(store: Store, run_id: str, column: str, value: Any) -> Store:
+        store.close()
+        copy = Path(store.path).with_name("damaged.db")
+        shutil.copyfile(store.path, copy)
+        with contextlib.closing(sqlite3.connect(copy)) as conn:
+            conn.execute("DROP TRIGGER runs_watermark_only_grows")
+            table, _, name = column.partition(".")
+            changed = conn.execute(
+                f"UPDATE {table} SET {name} = ? WHERE run_id = ?", (value, run_id)
+            ).rowcount
+            conn.commit()
+        assert changed == 1, "the run to damage must be in the closed database file"
+        return SQLiteStore(copy, durability=durability)
+
+    return Backend(
+        f"sqlite-{durability}", open_, reopen, attach, damage_event, _DiesWhenBound, damage_run
+    )
 
 
 BACKENDS = [_sqlite("full"), _sqlite("process")]
@@ -127,6 +147,14 @@ def effect(
 
 def claim(key: str, run_id: str = "run-1", step: int = 1) -> KeyClaim:
     return KeyClaim(key, run_id, step, "send_email", "ab" * 10)
+
+
+SNAPSHOT = '{"format":1,"steps":[[1,"0f0f",2,3]]}'
+"""What a compaction stores for the runtime; opaque to the store."""
+
+
+def lease(owner: str) -> Lease:
+    return Lease(owner, os.getpid(), "this-host", None, T0_S + 3600)
 
 
 def row_of(store: Store, run_id: str) -> RunRow:
@@ -578,6 +606,184 @@ class TestStoreContract:
         assert "checksum" in str(caught.value)
         assert damaged.get_run("run-1") is not None
 
+    # -- compact, load_history, reclaim ----------------------------------------------------
+
+    def test_compact_folds_the_prefix_and_deletes_exactly_its_events(self, store: Store) -> None:
+        new_run(store)
+        new_run(store, "run-2", created_s=T0_S + 1)
+        log = [event(seq) for seq in range(2, 8)]
+        store.commit(Commit("run-1", log[:3], side_effect=effect("k-1"), claim=claim("k-2")))
+        store.commit(Commit("run-1", log[3:], status=events.SLEEPING, wake_at_s=T0_S + 60))
+        store.commit(Commit("run-2", [event(2)]))
+        other = state_of(store, "run-2")
+        row = row_of(store, "run-1")
+
+        assert store.compact("run-1", 4, SNAPSHOT, 0) == 4
+        assert store.load_log("run-1") == log[3:]
+        assert store.load_log("run-1", after_seq=5) == log[4:]
+        assert store.load_history("run-1") == (4, SNAPSHOT, log[3:])
+        assert row_of(store, "run-1") == replace(row, watermark=4)
+        assert state_of(store, "run-2") == other
+        assert store.side_effect("k-1") == effect("k-1")
+        assert store.key_claim("k-2") == claim("k-2")
+        assert store.due_runs(T0_S + 60) == ["run-1"]
+
+    def test_compacting_again_moves_the_snapshot_on(self, store: Store) -> None:
+        new_run(store)
+        store.commit(Commit("run-1", [event(seq) for seq in range(2, 7)]))
+        assert store.compact("run-1", 2, '"first"', 0) == 2
+        assert store.compact("run-1", 5, '"second"', 0) == 3
+        assert store.load_history("run-1") == (5, '"second"', [event(6)])
+        assert store.compact("run-1", 6, '"all"', 0) == 1
+        assert store.load_history("run-1") == (6, '"all"', [])
+        assert store.load_log("run-1") == []
+
+    def test_the_log_goes_on_after_the_watermark_with_no_gap(self, store: Store) -> None:
+        new_run(store)
+        store.commit(Commit("run-1", [event(2), event(3)]))
+        store.compact("run-1", 3, SNAPSHOT, 0)
+        before = state_of(store, "run-1")
+        for seqs in ([3], [5], [1], [2], [4, 6]):
+            with pytest.raises(StorageError, match="seq"):
+                store.commit(Commit("run-1", [event(s) for s in seqs], status=events.FAILED))
+            assert state_of(store, "run-1") == before
+        store.commit(Commit("run-1", [event(4), event(5)]))
+        assert store.load_history("run-1") == (3, SNAPSHOT, [event(4), event(5)])
+
+    @pytest.mark.parametrize("watermark", [0, 1, 2, 4, 7], ids=lambda w: f"to-{w}")
+    def test_a_watermark_must_grow_and_stay_within_the_log(
+        self, store: Store, watermark: int
+    ) -> None:
+        new_run(store)
+        store.commit(Commit("run-1", [event(seq) for seq in range(2, 7)]))
+        store.compact("run-1", 4, SNAPSHOT, 0)
+        before = (state_of(store, "run-1"), store.load_history("run-1"))
+        with pytest.raises(ValueError, match="run-1"):
+            store.compact("run-1", watermark, '"other"', 0)
+        assert (state_of(store, "run-1"), store.load_history("run-1")) == before
+
+    def test_compact_is_fenced_by_the_lease(self, store: Store) -> None:
+        new_run(store)
+        store.commit(Commit("run-1", [event(2), event(3)]))
+        token = store.take_lease("run-1", 0, lease("me"))
+        assert token == 1
+        before = (state_of(store, "run-1"), store.load_history("run-1"))
+        for stale in (0, 2):
+            with pytest.raises(LeaseLost, match="run-1"):
+                store.compact("run-1", 2, SNAPSHOT, stale)
+            assert (state_of(store, "run-1"), store.load_history("run-1")) == before
+        assert store.compact("run-1", 2, SNAPSHOT, token) == 2
+
+    def test_compacting_an_unknown_run_is_a_storage_error(self, store: Store) -> None:
+        with pytest.raises(StorageError, match="nope"):
+            store.compact("nope", 1, SNAPSHOT, 0)
+        assert store.get_run("nope") is None
+
+    def test_a_death_in_the_middle_of_a_compaction_leaves_nothing_behind(
+        self, store: Store, backend: Backend
+    ) -> None:
+        new_run(store)
+        store.commit(Commit("run-1", [event(seq) for seq in range(2, 6)]))
+        before = (state_of(store, "run-1"), store.load_history("run-1"))
+        with pytest.raises(ProcessDeath):
+            store.compact("run-1", 4, backend.dying_text(SNAPSHOT), 0)
+        assert (state_of(store, "run-1"), store.load_history("run-1")) == before
+        assert store.load_history("run-1")[:2] == (0, None)
+        assert store.compact("run-1", 4, SNAPSHOT, 0) == 4
+
+    def test_load_history_of_a_run_never_compacted_is_its_whole_log(self, store: Store) -> None:
+        new_run(store)
+        store.commit(Commit("run-1", [event(2)]))
+        assert store.load_history("run-1") == (0, None, store.load_log("run-1"))
+        assert len(store.load_history("run-1")[2]) == 2
+        assert store.load_history("nope") == (0, None, [])
+
+    def test_a_second_handle_and_a_reopened_store_see_the_compaction(
+        self, store: Store, backend: Backend, opened: list[Store]
+    ) -> None:
+        new_run(store)
+        store.commit(Commit("run-1", [event(seq) for seq in range(2, 6)]))
+        other = backend.attach(store)
+        opened.append(other)
+        assert other.load_history("run-1")[0] == 0
+        store.compact("run-1", 3, SNAPSHOT, 0)
+        expected = (3, SNAPSHOT, [event(4), event(5)])
+        assert other.load_history("run-1") == expected
+        with pytest.raises(ValueError):
+            other.compact("run-1", 3, SNAPSHOT, 0)
+        again = backend.reopen(store)
+        opened.append(again)
+        assert again.load_history("run-1") == expected
+        again.commit(Commit("run-1", [event(6)]))
+        assert other.load_history("run-1") == (3, SNAPSHOT, [event(4), event(5), event(6)])
+
+    @pytest.mark.parametrize(
+        ("column", "value"),
+        [
+            ("snapshots.body", '{"folded":5}'),
+            ("snapshots.crc", 12345),
+            ("runs.watermark", 4),
+        ],
+    )
+    def test_a_damaged_snapshot_is_refused_on_read(
+        self, store: Store, backend: Backend, opened: list[Store], column: str, value: Any
+    ) -> None:
+        new_run(store)
+        store.commit(Commit("run-1", [event(seq) for seq in range(2, 7)]))
+        store.compact("run-1", 3, SNAPSHOT, 0)
+        damaged = backend.damage_run(store, "run-1", column, value)
+        opened.append(damaged)
+        with pytest.raises(StorageError) as caught:
+            damaged.load_history("run-1")
+        assert "run-1" in str(caught.value)
+        assert "snapshot" in str(caught.value) and "checksum" in str(caught.value)
+
+    def test_a_damaged_event_after_the_watermark_is_refused_by_load_history(
+        self, store: Store, backend: Backend, opened: list[Store]
+    ) -> None:
+        new_run(store)
+        store.commit(Commit("run-1", [event(seq) for seq in range(2, 6)]))
+        store.compact("run-1", 2, SNAPSHOT, 0)
+        damaged = backend.damage_event(store, "run-1", 4, "data", '{"forged":true}')
+        opened.append(damaged)
+        with pytest.raises(StorageError, match="checksum"):
+            damaged.load_history("run-1")
+
+    def test_reclaim_gives_back_what_compaction_freed(self, store: Store) -> None:
+        new_run(store)
+        body = codec.encode("otters " * 300)
+        for start in range(2, 402, 50):
+            seqs = range(start, start + 50)
+            store.commit(Commit("run-1", [event(seq, data=body) for seq in seqs]))
+        before, after = store.reclaim()
+        assert isinstance(before, int) and isinstance(after, int)
+        assert 0 < after <= before
+        store.compact("run-1", 400, SNAPSHOT, 0)
+        freed_before, freed_after = store.reclaim()
+        assert freed_before >= after // 2
+        assert freed_after < freed_before // 4, (freed_before, freed_after)
+        assert store.reclaim() == (freed_after, freed_after)
+        assert store.load_history("run-1") == (400, SNAPSHOT, [event(401, data=body)])
+        store.commit(Commit("run-1", [event(402)]))
+        assert [e.seq for e in store.load_log("run-1")] == [401, 402]
+
+    @pytest.mark.parametrize(
+        "use",
+        [
+            lambda s: s.compact("run-1", 1, SNAPSHOT, 0),
+            lambda s: s.load_history("run-1"),
+            lambda s: s.reclaim(),
+        ],
+        ids=["compact", "load_history", "reclaim"],
+    )
+    def test_compaction_after_close_is_a_storage_error(
+        self, store: Store, use: Callable[[Store], Any]
+    ) -> None:
+        new_run(store)
+        store.close()
+        with pytest.raises(StorageError, match="closed"):
+            use(store)
+
     # -- lifetime --------------------------------------------------------------------------
 
     def test_close_is_idempotent(self, store: Store) -> None:
@@ -828,3 +1034,52 @@ class TestSQLiteFile:
                 assert [e.seq for e in second.load_log("run-1")] == [1, 2]
         finally:
             first.close()
+
+    # -- compaction in the file ----------------------------------------------------------------
+
+    @pytest.mark.parametrize(
+        "statement",
+        [
+            "UPDATE runs SET watermark = 2 WHERE run_id = 'run-1'",
+            "UPDATE runs SET watermark = 0 WHERE run_id = 'run-1'",
+            "DELETE FROM events WHERE run_id = 'run-1' AND seq = 4",
+            "INSERT INTO events VALUES ('run-1', 3, 'STEP_STARTED', 1, NULL, NULL, 0, 0, NULL)",
+            "INSERT INTO events VALUES ('run-1', 6, 'STEP_STARTED', 1, NULL, NULL, 0, 0, NULL)",
+        ],
+        ids=["watermark-back", "watermark-to-zero", "delete-kept", "refill-folded", "gap"],
+    )
+    def test_the_database_itself_guards_a_compacted_log(
+        self, tmp_path: Path, statement: str
+    ) -> None:
+        path = tmp_path / "agent.db"
+        with contextlib.closing(SQLiteStore(path)) as store:
+            new_run(store)
+            store.commit(Commit("run-1", [event(2), event(3), event(4)]))
+            store.compact("run-1", 3, SNAPSHOT, 0)
+        with (
+            contextlib.closing(sqlite3.connect(path)) as conn,
+            pytest.raises(sqlite3.DatabaseError),
+        ):
+            conn.execute(statement)
+        with contextlib.closing(SQLiteStore(path)) as store:
+            assert store.load_history("run-1") == (3, SNAPSHOT, [event(4)])
+
+    def test_reclaim_rewrites_a_file_made_without_auto_vacuum_once(self, tmp_path: Path) -> None:
+        path = tmp_path / "old.db"
+        _durabl_file(path, events_count=300)
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+            conn.execute("PRAGMA journal_mode = DELETE")
+            conn.execute("PRAGMA auto_vacuum = NONE")
+            conn.execute("VACUUM")
+            conn.execute("PRAGMA journal_mode = WAL")
+        assert _pragma(path, "auto_vacuum") == 0
+        with contextlib.closing(SQLiteStore(path)) as store:
+            store.compact("run-1", 299, SNAPSHOT, 0)
+            before, after = store.reclaim()
+            assert after < before // 4
+            assert after == path.stat().st_size
+        assert _pragma(path, "auto_vacuum") == 2, "the rewrite left the file without auto_vacuum"
+        assert _pragma(path, "freelist_count") == 0
+        with contextlib.closing(SQLiteStore(path)) as store:
+            assert store.load_history("run-1") == (299, SNAPSHOT, store.load_log("run-1"))
+            assert [e.seq for e in store.load_log("run-1")] == [300]

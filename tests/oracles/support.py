@@ -196,6 +196,14 @@ def run_row(db: Path | str, run_id: str) -> dict[str, Any]:
     return dict(row)
 
 
+def snapshot_row(db: Path | str, run_id: str) -> dict[str, Any] | None:
+    """The run's compaction snapshot row (watermark, body, crc), or None."""
+    with connect(db) as conn:
+        conn.row_factory = sqlite3.Row
+        row = conn.execute("SELECT * FROM snapshots WHERE run_id = ?", (run_id,)).fetchone()
+    return None if row is None else dict(row)
+
+
 def run_ids(db: Path | str) -> list[str]:
     with connect(db) as conn:
         return [r[0] for r in conn.execute("SELECT run_id FROM runs ORDER BY created_s, run_id")]
@@ -493,4 +501,60 @@ __all__ += [
     "assert_snapshot_gapless",
     "assert_snapshot_timers",
     "assert_steps_finish_once",
+]
+
+
+# -- copies of a database, and compacted logs ---------------------------------------------------
+
+
+def copy_database(src: Path | str, dst: Path | str) -> None:
+    """Copy a database whose every connection is closed, its ``-wal`` too if one is left: the
+    copy is the same database, byte for byte, as a backup taken between processes would be."""
+    src, dst = os.fspath(src), os.fspath(dst)
+    assert not os.path.exists(dst), f"{dst} already exists"
+    with open(src, "rb") as source, open(dst, "wb") as target:
+        target.write(source.read())
+    if os.path.exists(f"{src}-wal"):
+        with open(f"{src}-wal", "rb") as source, open(f"{dst}-wal", "wb") as target:
+            target.write(source.read())
+
+
+def fork_world(world: World, root: Path) -> World:
+    """A second world that has seen exactly what ``world`` has (its outbox, the keys whose flaky
+    first attempt already failed), living under ``root``; its call counts start at zero."""
+    twin = World(root)
+    for record in world.outbox.records():
+        twin.outbox.append(record)
+    twin.flaky_failed = set(world.flaky_failed)
+    twin.llm_failures_left = world.llm_failures_left
+    return twin
+
+
+def watermark(db: Path | str, run_id: str) -> int:
+    """The seq a run's log is compacted up to (0: never compacted)."""
+    return int(run_row(db, run_id)["watermark"])
+
+
+def assert_gapless_after_watermark(db: Path | str) -> None:
+    """Every run's seqs are exactly watermark+1..N: compaction removed a prefix, nothing else;
+    a run compacted up to its last event has no rows and a snapshot."""
+    by_run: dict[str, list[int]] = {}
+    for row in event_rows(db):
+        by_run.setdefault(row[0], []).append(row[1])
+    for rid in run_ids(db):
+        row = run_row(db, rid)
+        mark, seqs = row["watermark"], by_run.get(rid, [])
+        assert seqs == list(range(mark + 1, mark + 1 + len(seqs))), (
+            f"run {rid} is compacted up to seq {mark} and has seqs {seqs}"
+        )
+        has_snapshot = snapshot_row(db, rid) is not None
+        assert has_snapshot == (mark > 0), f"run {rid}: watermark {mark}"
+        assert seqs or mark, f"run {rid} has no events and no snapshot"
+
+
+__all__ += [
+    "assert_gapless_after_watermark",
+    "copy_database",
+    "fork_world",
+    "watermark",
 ]

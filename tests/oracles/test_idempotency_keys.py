@@ -231,7 +231,9 @@ def test_the_key_handed_to_the_tool_is_explicit_or_run_id_and_position(
     ]
     assert send_position == 3
     assert world.keys_seen == [("send", "durabl:D:3"), ("send", KEY)]
-    assert sorted(row[0] for row in side_effect_rows(db)) == sorted(["durabl:D:3", "durabl:D:4", KEY])
+    assert sorted(row[0] for row in side_effect_rows(db)) == sorted(
+        ["durabl:D:3", "durabl:D:4", KEY]
+    )
 
 
 def test_the_derived_key_is_the_same_after_a_crash(db: Path, world: World, runtime: Any) -> None:
