@@ -25,6 +25,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench.w40 --out bench/results/w40.json
 	$(PY) -m bench.workers --out bench/results/workers.json
+	$(PY) -m bench.compaction --out bench/results/compaction.json
 
 # The full chaos grid (both death modes); scripts/chaos_report.py prints its table.
 chaos: $(STAMP)
