@@ -141,7 +141,7 @@ class History:
         steps = []
         for p in range(1, position + 1):
             rec = self.steps[p]
-            about = rec.description or (_recorded(rec) if rec.canonical else None)
+            about = rec.description or (describe_record(rec) if rec.canonical else None)
             steps.append(
                 [
                     p,
@@ -305,7 +305,7 @@ def decide(history: History, position: int, step: Step) -> tuple[str, StepRecord
             raise mismatch(history, position, "the end of the workflow", step.describe())
         return EXECUTE, None
     if rec.fp != step.fingerprint:
-        expected, actual = _recorded(rec), step.describe()
+        expected, actual = describe_record(rec), step.describe()
         if expected == actual and rec.canonical is not None:
             # Short descriptions can coincide for long arguments: show everything.
             expected, actual = f"{expected} = {rec.canonical}", f"{actual} = {step.canonical}"
@@ -330,7 +330,7 @@ def check_end(history: History, position: int) -> None:
     extra = [p for p in history.steps if p > position]
     if extra:
         first = history.steps[min(extra)]
-        raise mismatch(history, first.position, _recorded(first), "the end of the workflow")
+        raise mismatch(history, first.position, describe_record(first), "the end of the workflow")
 
 
 def mismatch(history: History, position: int, expected: str, actual: str) -> NonDeterminismError:
@@ -342,7 +342,8 @@ def mismatch(history: History, position: int, expected: str, actual: str) -> Non
 _CTX_BY_FP = {CtxValue(what).fingerprint: f"ctx.{what}()" for what in ("now", "random", "uuid")}
 
 
-def _recorded(rec: StepRecord) -> str:
+def describe_record(rec: StepRecord) -> str:
+    """How the log names a recorded step: its short description, for errors and the CLI."""
     if rec.fp in _CTX_BY_FP:
         return _CTX_BY_FP[rec.fp]
     if rec.canonical is None and rec.description is not None:

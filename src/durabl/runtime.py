@@ -1082,7 +1082,7 @@ class Runtime:
                 replay.mismatch(
                     d.history,
                     rec.position,
-                    replay._recorded(rec),
+                    replay.describe_record(rec),
                     f"an exception ({type(exc).__name__}: {exc})",
                 )
             )

@@ -461,7 +461,7 @@ def _trace(args: argparse.Namespace, run: _Loaded) -> None:
             how = "replayed"
         else:
             how = "executed"
-        about = replay._recorded(rec)
+        about = replay.describe_record(rec)
         steps.append(
             {"position": position, "step": rec.canonical, "description": about, "how": how}
         )
