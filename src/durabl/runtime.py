@@ -109,7 +109,9 @@ class Compaction(BaseModel):
     errors: dict[str, str] = {}
     """Runs that could not be folded (a damaged log, say), with the reason; the others were."""
     bytes_before: int | None = None
+    """The file's size (WAL included) before anything was folded; None without reclaim."""
     bytes_after: int | None = None
+    """Its size once the folded space was handed back."""
 
 
 class _Park(Exception):
@@ -469,6 +471,8 @@ class Runtime:
             raise ValueError(f"keep_last must be an int >= 0, got {keep_last!r}")
         rows = [self._row(run_id)] if run_id is not None else self.store.list_runs()
         report = Compaction()
+        if reclaim:  # the size before, measured the way the size after will be
+            report.bytes_before, _ = self.store.reclaim()
         for row in reversed(rows):
             try:
                 folded = self._compact_run(row.run_id, keep_last)
@@ -486,7 +490,7 @@ class Runtime:
             if folded is not None:
                 report.runs.append(folded)
         if reclaim:
-            report.bytes_before, report.bytes_after = self.store.reclaim()
+            _, report.bytes_after = self.store.reclaim()
         return report
 
     def _compact_run(self, run_id: str, keep_last: int) -> RunCompaction | None:
