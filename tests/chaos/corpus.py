@@ -6,7 +6,9 @@ and derived idempotency keys, a key asked for twice in one run and keys shared b
 timers (one of zero length), ctx.now/random/uuid, a tool retried with backoff after failing its
 first attempt, ToolFailed caught by the workflow (from an IDEMPOTENT tool that exhausts its
 retries and from an AT_MOST_ONCE tool that raises), and a long run of more than forty steps.
-Compaction is not in the corpus: it is not built yet.
+Compaction is not in the corpus: the grid's oracles read the whole log, which compaction folds
+away. tests/oracles/test_compaction.py kills compactions at every line, and the state machine in
+test_stateful.py compacts between random crashes.
 
 The world lives in files under the scenario's folder, never in a Runtime or in the memory of the
 process that dies: ``effects.jsonl`` is what the world has seen (the ledger the no-duplicate and
