@@ -47,7 +47,6 @@ Databases live in a temporary directory on a real disk (never tmpfs: fsync must 
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import hashlib
 import json
@@ -66,7 +65,7 @@ from pathlib import Path
 from typing import Any
 
 import durabl
-from bench.output import write_json
+from bench.output import parse_args, release_scratch, write_json
 from bench.w40 import filesystem_of, git_commit, percentile, scratch_dir, sync_latency
 from durabl import ModelCall, Runtime, ToolCall, workflow
 from durabl.crashpoints import BEFORE_STEP_STARTED, CrashAt, ProcessDeath
@@ -920,22 +919,12 @@ def _say(message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.compaction", description=(__doc__ or "").split("\n")[0]
+    args = parse_args(
+        "compaction",
+        __doc__,
+        "a 200-step run, one repetition: exercises the code, figures are noise",
+        argv,
     )
-    parser.add_argument(
-        "--out",
-        default=str(REPO / "bench" / "results" / "compaction.json"),
-        help="where to write the JSON figures",
-    )
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="a 200-step run, one repetition: exercises the code, figures are noise",
-    )
-    parser.add_argument("--tmp-dir", help="directory (on a real disk) for the scratch databases")
-    parser.add_argument("--keep", action="store_true", help="keep the scratch databases")
-    args = parser.parse_args(argv)
 
     plan = QUICK if args.quick else FULL
     started = time.perf_counter()
@@ -972,10 +961,7 @@ def main(argv: list[str] | None = None) -> int:
         report["raw"] = raw_samples(reps, plan)
         report["elapsed_s"] = round(time.perf_counter() - started, 1)
     finally:
-        if args.keep:
-            _say(f"scratch databases kept in {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        release_scratch(work, args.keep)
 
     out = write_json(args.out, report)
     _say(render(report))

@@ -35,7 +35,6 @@ Databases live in a temporary directory on a real disk (never tmpfs: fsync must 
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import datetime as _dt
 import json
@@ -43,7 +42,6 @@ import math
 import os
 import platform
 import pstats
-import shutil
 import sqlite3
 import statistics
 import subprocess
@@ -58,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import durabl
-from bench.output import write_json
+from bench.output import parse_args, release_scratch, write_json
 from bench.workload import (
     EXPECTED,
     STEPS,
@@ -994,20 +992,12 @@ def _say(message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.w40", description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--out",
-        default=str(REPO / "bench" / "results" / "w40.json"),
-        help="where to write the JSON figures",
+    args = parse_args(
+        "w40",
+        __doc__,
+        "a few repetitions of everything: exercises the code, figures are noise",
+        argv,
     )
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="a few repetitions of everything: exercises the code, figures are noise",
-    )
-    parser.add_argument("--tmp-dir", help="directory (on a real disk) for the scratch databases")
-    parser.add_argument("--keep", action="store_true", help="keep the scratch databases")
-    args = parser.parse_args(argv)
 
     plan = QUICK if args.quick else FULL
     started = time.perf_counter()
@@ -1067,10 +1057,7 @@ def main(argv: list[str] | None = None) -> int:
         report["raw_run_us"] = raw
         report["elapsed_s"] = round(time.perf_counter() - started, 1)
     finally:
-        if args.keep:
-            _say(f"scratch databases kept in {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        release_scratch(work, args.keep)
 
     out = write_json(args.out, report)
     print(render(report))

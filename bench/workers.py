@@ -42,14 +42,12 @@ Databases live in a temporary directory on a real disk (never tmpfs: fsync must 
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import json
 import os
 import platform
 import random
 import re
-import shutil
 import signal
 import sqlite3
 import statistics
@@ -63,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 import durabl
-from bench.output import write_json
+from bench.output import parse_args, release_scratch, write_json
 from bench.w40 import filesystem_of, git_commit, percentile, scratch_dir, sync_latency
 from bench.workload import EXPECTED, OUTBOX_ENV, SLEEP_ENV, STEPS, TOOL_CALLS, TOPIC
 from durabl import leases
@@ -913,22 +911,9 @@ def _say(message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.workers", description=__doc__.split("\n")[0]
+    args = parse_args(
+        "workers", __doc__, "few runs and repetitions: exercises the code, figures are noise", argv
     )
-    parser.add_argument(
-        "--out",
-        default=str(REPO / "bench" / "results" / "workers.json"),
-        help="where to write the JSON figures",
-    )
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="few runs and repetitions: exercises the code, figures are noise",
-    )
-    parser.add_argument("--tmp-dir", help="directory (on a real disk) for the scratch databases")
-    parser.add_argument("--keep", action="store_true", help="keep the scratch databases")
-    args = parser.parse_args(argv)
 
     plan = QUICK if args.quick else FULL
     started = time.perf_counter()
@@ -977,10 +962,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         report["elapsed_s"] = round(time.perf_counter() - started, 1)
     finally:
-        if args.keep:
-            _say(f"scratch databases kept in {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        release_scratch(work, args.keep)
 
     out = write_json(args.out, report)
     print(render(report))
