@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from durabl import events
 from durabl.errors import StorageError
 from durabl.events import Event
-from durabl.replay import SNAPSHOT_FORMAT
+from durabl.replay import read_snapshot
 from durabl.store.base import Store
 
 _KINDS = {'["model"': "model", '["tool",': "tool", '["sleep"': "sleep"}
@@ -234,10 +234,4 @@ def of_run(store: Store, run_id: str) -> Metrics:
                 f"its figures cannot be known"
             )
         return MetricsFold.of(log).m
-    data = json.loads(snapshot)
-    if data.get("format") != SNAPSHOT_FORMAT:
-        raise StorageError(
-            f"run {run_id} has a snapshot in format {data.get('format')!r}, which this durabl "
-            f"does not know; was it written by a newer version?"
-        )
-    return MetricsFold.of(log, data["metrics"]).m
+    return MetricsFold.of(log, read_snapshot(run_id, snapshot)["metrics"]).m

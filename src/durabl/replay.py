@@ -70,6 +70,7 @@ class History:
     terminal: str | None = None
     terminal_data: str | None = None
     resumed_at: list[int] = field(default_factory=list)
+    folded_metrics: dict[str, Any] | None = None  # what a snapshot kept for the metrics fold
 
     @classmethod
     def from_events(
@@ -96,13 +97,9 @@ class History:
     @classmethod
     def from_snapshot(cls, run_id: str, text: str, watermark: int) -> History:
         """The history a compaction folded into ``text`` (see ``snapshot``)."""
-        data = codec.decode(text)
-        if data.get("format") != SNAPSHOT_FORMAT:
-            raise StorageError(
-                f"run {run_id} has a snapshot in format {data.get('format')!r}, which this "
-                f"durabl does not know; was it written by a newer version?"
-            )
+        data = read_snapshot(run_id, text)
         history = cls(run_id, last_seq=watermark, workflow=data["workflow"])
+        history.folded_metrics = data["metrics"]
         history.input_text = data["input"]
         history.resumed_at = data["resumed_at"]
         steps = history.steps
@@ -295,6 +292,17 @@ _HANDLERS = {
     events.RUN_FAILED: _terminal,
     events.RUN_CANCELLED: _terminal,
 }
+
+
+def read_snapshot(run_id: str, text: str) -> dict[str, Any]:
+    """A snapshot's contents; one in a format this durabl does not know is a StorageError."""
+    data: dict[str, Any] = codec.decode(text)
+    if data.get("format") != SNAPSHOT_FORMAT:
+        raise StorageError(
+            f"run {run_id} has a snapshot in format {data.get('format')!r}, which this "
+            f"durabl does not know; was it written by a newer version?"
+        )
+    return data
 
 
 def decide(history: History, position: int, step: Step) -> tuple[str, StepRecord | None]:

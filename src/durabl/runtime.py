@@ -501,7 +501,7 @@ class Runtime:
             if seq <= watermark:
                 return None
             folded = [e for e in log if e.seq <= seq]
-            counters = MetricsFold.of(folded, _snapshot_metrics(snapshot)).counters()
+            counters = MetricsFold.of(folded, history.folded_metrics).counters()
             text = history.snapshot(position, seq, counters)
             deleted = self.store.compact(run_id, seq, text, token)
         return RunCompaction(
@@ -1197,10 +1197,6 @@ class Runtime:
         raise InvalidStateError(
             f"run {row.run_id} is marked dead-lettered but its log has no DEAD_LETTERED event"
         )
-
-
-def _snapshot_metrics(snapshot: str | None) -> dict[str, Any] | None:
-    return None if snapshot is None else codec.decode(snapshot)["metrics"]
 
 
 def _decoded(text: str | None) -> Any:
