@@ -18,13 +18,10 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from durabl import events
 from durabl.errors import RunLeased
-
-if TYPE_CHECKING:
-    from durabl.runtime import Runtime
 
 logger = logging.getLogger("durabl.worker")
 
@@ -41,15 +38,39 @@ class WorkerStats:
     errors: list[str] = field(default_factory=list)
 
 
+class Drives(Protocol):
+    """What a worker asks of the runtime it serves (``durabl.engine.Engine`` answers)."""
+
+    def drive_run(self, run_id: str) -> str | None:
+        """Drive the run on if it has work, under its lease (RunLeased if a live process holds
+        it). The run's status after, or None when this call did no work on it."""
+
+    def interrupted_runs(self, *, include_held: bool) -> list[str]:
+        """Runs a process was driving when it stopped (and held runs, if asked), oldest first."""
+
+    def due_runs(self, now_s: float) -> list[str]:
+        """Runs whose timer is due at ``now_s``, earliest first."""
+
+    def next_wake_s(self) -> float | None:
+        """The earliest armed timer over all runs, or None."""
+
+    def now(self) -> float:
+        """The runtime's clock, epoch seconds."""
+
+    def halt(self) -> None:
+        """Let the steps in progress finish and park their runs. Takes no lock: it is called
+        from signal handlers."""
+
+
 class Worker:
     """Drives the runs of one runtime's database with up to ``concurrency`` threads."""
 
-    def __init__(self, runtime: Runtime, *, concurrency: int = 1, poll_s: float = POLL_S) -> None:
+    def __init__(self, runs: Drives, *, concurrency: int = 1, poll_s: float = POLL_S) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError(f"concurrency must be an int >= 1, got {concurrency!r}")
         if not poll_s > 0:
             raise ValueError(f"poll_s must be a positive number of seconds, got {poll_s!r}")
-        self.rt = runtime
+        self.runs = runs
         self.concurrency = concurrency
         self.poll_s = poll_s
         self.stats = WorkerStats()
@@ -71,7 +92,7 @@ class Worker:
     def stop(self) -> None:
         """Finish or park the steps in progress, then return from ``run``. Safe to call from a
         signal handler or another thread, any number of times: it takes no lock."""
-        self.rt._stop_requested = True
+        self.runs.halt()
         self._stopped = True
         self._poke()
 
@@ -88,13 +109,13 @@ class Worker:
                 selectors.DefaultSelector() as waiter,
             ):
                 waiter.register(wake_r, selectors.EVENT_READ)
-                self._submit(pool, self._interrupted(include_held=True))
+                self._submit(pool, self.runs.interrupted_runs(include_held=True))
                 last_scan_s = time.monotonic()
                 while not self._stopped:
                     if time.monotonic() - last_scan_s >= self.poll_s:
-                        self._submit(pool, self._interrupted(include_held=False))
+                        self._submit(pool, self.runs.interrupted_runs(include_held=False))
                         last_scan_s = time.monotonic()
-                    self._submit(pool, self.rt.store.due_runs(self.rt._clock()))
+                    self._submit(pool, self.runs.due_runs(self.runs.now()))
                     if not self._stopped and waiter.select(self._idle_s(last_scan_s)):
                         _drain(wake_r)
                 if self._in_flight:
@@ -113,17 +134,13 @@ class Worker:
             with contextlib.suppress(OSError):
                 wake_w.send(b"\0")
 
-    def _interrupted(self, *, include_held: bool) -> list[str]:
-        statuses = (events.RUNNING, events.HELD) if include_held else (events.RUNNING,)
-        return [row.run_id for row in reversed(self.rt.store.list_runs(statuses=statuses))]
-
     def _idle_s(self, last_scan_s: float) -> float:
         """Until the earliest timer is due or the next look for new runs, whichever is first."""
         until_scan_s = max(0.0, last_scan_s + self.poll_s - time.monotonic())
-        next_wake_s = self.rt.store.next_wake_s()
+        next_wake_s = self.runs.next_wake_s()
         if next_wake_s is None:
             return until_scan_s
-        return max(0.0, min(until_scan_s, next_wake_s - self.rt._clock()))
+        return max(0.0, min(until_scan_s, next_wake_s - self.runs.now()))
 
     def _submit(self, pool: ThreadPoolExecutor, run_ids: Iterable[str]) -> None:
         for run_id in run_ids:
@@ -149,27 +166,20 @@ class Worker:
             self._failed[run_id] = submitted_s
 
     def _drive(self, run_id: str, submitted_s: float) -> None:
-        row = self.rt.store.get_run(run_id)
-        if row is None or row.status in events.TERMINAL_STATUSES:
-            return
-        wrote_before = run_id in self.rt._owned
         try:
-            state = self.rt._resume_row(row)
+            status = self.runs.drive_run(run_id)
         except RunLeased:
             self._note_failure(run_id, submitted_s)  # another worker has it: look again later
             return
         except Exception as exc:  # one broken run never stops the others
-            logger.warning("run %s (%s): %s", run_id, row.workflow, exc)
+            logger.warning("run %s: %s", run_id, exc)
             self.stats.errors.append(f"{run_id}: {type(exc).__name__}: {exc}")
             self._note_failure(run_id, submitted_s)
             return
-        if not wrote_before and run_id not in self.rt._owned:
-            # This drive wrote nothing to the run. Typically another worker finished it between
-            # the look above and the lease, and it came back COMPLETED without this worker's
-            # doing: counting it would count one run as completed by two workers.
+        if status is None:
             return
         self.stats.drives += 1
-        if state.status == events.COMPLETED:
+        if status == events.COMPLETED:
             self.stats.completed += 1
 
 

@@ -1,9 +1,10 @@
 """Deliberately wrong runtimes: the negative control of the chaos harness (SPEC §12).
 
-Each class is a real ``durabl.Runtime`` subclass that overrides one hook (``_commit``,
-``_decide`` or ``_call_tool``) to plant one plausible bug. None of them is a mock: they open the
-same SQLite file, write the same log and call the same tools as the real runtime. The harness is
-trusted only because it catches every one of them (``negative_control.py``).
+Each class is a real ``durabl.Runtime`` subclass that plants one plausible bug through one of
+the runtime's documented seams: ``journal_class`` (the write path), ``decide`` (the replay
+decision) or ``call_tool``. None of them is a mock: they open the same SQLite file, write the
+same log and call the same tools as the real runtime. The harness is trusted only because it
+catches every one of them (``negative_control.py``).
 
 The two split variants open a window the real runtime does not have: between two transactions.
 They declare a crash point of their own for it, so that a schedule can aim a death there; the
@@ -16,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from durabl import Runtime, crashpoints, events, replay
+from durabl.journal import Journal, NewEvent
 from durabl.replay import History, StepRecord
 from durabl.steps import Step
 from durabl.store import Commit, SideEffect
@@ -28,9 +30,25 @@ SPLIT_COMPLETION_FIRST_GAP = crashpoints.declare("split_gap_completion_recorded_
 PROBES = (SPLIT_EFFECT_FIRST_GAP, SPLIT_COMPLETION_FIRST_GAP)
 
 
-def _record_effect(rt: Runtime, run_id: str, effect: SideEffect, durable: bool) -> None:
+def _record_effect(journal: Journal, effect: SideEffect, durable: bool) -> None:
     """The side_effects row on its own: a transaction that carries no event."""
-    rt.store.commit(Commit(run_id, [], side_effect=effect, durable=durable, at_s=rt._clock()))
+    commit = Commit(run_id=journal.run_id, side_effect=effect, durable=durable, at_s=journal.now())
+    journal.store.commit(commit)
+
+
+class _EffectFirstJournal(Journal):
+    def append(
+        self,
+        new: list[NewEvent],
+        *,
+        side_effect: SideEffect | None = None,
+        durable: bool = False,
+        **rest: Any,
+    ) -> None:
+        if side_effect is not None:
+            _record_effect(self, side_effect, durable)
+            crashpoints.reach(SPLIT_EFFECT_FIRST_GAP)
+        super().append(new, durable=durable, **rest)
 
 
 class SplitEffectFirst(Runtime):
@@ -41,20 +59,22 @@ class SplitEffectFirst(Runtime):
     """
 
     probe = SPLIT_EFFECT_FIRST_GAP
+    journal_class = _EffectFirstJournal
 
-    def _commit(
+
+class _CompletionFirstJournal(Journal):
+    def append(
         self,
-        d: Any,
-        new: list[tuple[str, str | None, str | None]],
+        new: list[NewEvent],
         *,
         side_effect: SideEffect | None = None,
         durable: bool = False,
         **rest: Any,
     ) -> None:
+        super().append(new, durable=durable, **rest)
         if side_effect is not None:
-            _record_effect(self, d.run_id, side_effect, durable)
-            crashpoints.reach(self.probe)
-        super()._commit(d, new, durable=durable, **rest)
+            crashpoints.reach(SPLIT_COMPLETION_FIRST_GAP)
+            _record_effect(self, side_effect, durable)
 
 
 class SplitCompletionFirst(Runtime):
@@ -65,74 +85,64 @@ class SplitCompletionFirst(Runtime):
     """
 
     probe = SPLIT_COMPLETION_FIRST_GAP
-
-    def _commit(
-        self,
-        d: Any,
-        new: list[tuple[str, str | None, str | None]],
-        *,
-        side_effect: SideEffect | None = None,
-        durable: bool = False,
-        **rest: Any,
-    ) -> None:
-        super()._commit(d, new, durable=durable, **rest)
-        if side_effect is not None:
-            crashpoints.reach(self.probe)
-            _record_effect(self, d.run_id, side_effect, durable)
+    journal_class = _CompletionFirstJournal
 
 
 class IgnoresDispatched(Runtime):
     """Reads TOOL_DISPATCHED but treats the ambiguous window like a step that never left durabl:
     an AT_MOST_ONCE tool interrupted after dispatch is simply called again."""
 
-    def _decide(self, history: History, position: int, step: Step) -> tuple[str, StepRecord | None]:
-        action, rec = super()._decide(history, position, step)
+    def decide(self, history: History, position: int, step: Step) -> tuple[str, StepRecord | None]:
+        action, rec = super().decide(history, position, step)
         return (replay.RESTART if action == replay.AMBIGUOUS else action), rec
+
+
+class _NoDispatchMarkerJournal(Journal):
+    def append(self, new: list[NewEvent], **rest: Any) -> None:
+        kept = [event for event in new if event[0] != events.TOOL_DISPATCHED]
+        if kept or not new or rest.get("claim") is not None:
+            super().append(kept, **rest)
 
 
 class SkipsDispatchMarker(Runtime):
     """Never writes TOOL_DISPATCHED ("the claim row is enough"), so after a death the log cannot
     tell a tool that ran from one that did not, and the step is started over."""
 
-    def _commit(self, d: Any, new: list[tuple[str, str | None, str | None]], **rest: Any) -> None:
-        kept = [event for event in new if event[0] != events.TOOL_DISPATCHED]
-        if kept or not new or rest.get("claim") is not None:
-            super()._commit(d, kept, **rest)
+    journal_class = _NoDispatchMarkerJournal
 
 
 class NoFingerprintCheck(Runtime):
     """Replays by position: whatever was recorded at a position is handed to whatever step the
     workflow yields there. Past the end of the log it executes, like the real runtime."""
 
-    def _decide(self, history: History, position: int, step: Step) -> tuple[str, StepRecord | None]:
+    def decide(self, history: History, position: int, step: Step) -> tuple[str, StepRecord | None]:
         rec = history.steps.get(position)
         if rec is not None and rec.fp != step.fingerprint:
             steps = {**history.steps, position: replace(rec, fp=step.fingerprint)}
             history = replace(history, steps=steps)
-        return super()._decide(history, position, step)
+        return super().decide(history, position, step)
 
 
 class DuplicatesEffects(Runtime):
     """Calls every tool twice. Not a plausible bug: if it got through, no figure means anything."""
 
-    def _call_tool(self, tool: Tool, args: dict[str, Any]) -> Any:
+    def call_tool(self, tool: Tool, args: dict[str, Any]) -> Any:
         tool.fn(**args)
         return tool.fn(**args)
+
+
+class _ForgetsEffectJournal(Journal):
+    def append(
+        self, new: list[NewEvent], *, side_effect: SideEffect | None = None, **rest: Any
+    ) -> None:
+        super().append(new, **rest)
 
 
 class ForgetsEffectRecord(Runtime):
     """Commits completions but never writes the side_effects row ("the log already says it"):
     a second run holding the same idempotency key cannot know the effect happened."""
 
-    def _commit(
-        self,
-        d: Any,
-        new: list[tuple[str, str | None, str | None]],
-        *,
-        side_effect: SideEffect | None = None,
-        **rest: Any,
-    ) -> None:
-        super()._commit(d, new, **rest)
+    journal_class = _ForgetsEffectJournal
 
 
 __all__ = [

@@ -51,6 +51,7 @@ from durabl import (
     codec,
     crashpoints,
     leases,
+    operator,
 )
 from durabl.errors import RunLeased
 from durabl.events import Event
@@ -885,7 +886,7 @@ def death_at_line(codes: tuple[CodeType, ...], n: int) -> Iterator[list[str]]:
 
 
 COMPACTION_CODE = (
-    Runtime._compact_run.__code__,
+    operator.compact_run.__code__,
     SQLiteStore.compact.__code__,
     inspect.unwrap(SQLiteStore._write).__code__,
     SQLiteStore._set_sync.__code__,

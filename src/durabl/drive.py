@@ -1,0 +1,277 @@
+"""The drive: one pass of one run through its workflow, and how the pass ends.
+
+It runs the workflow's generator with one send/throw loop. For each step yielded it asks the
+replay decision (pure: ``replay.decide``) whether the log already holds the outcome; if so the
+recorded result is sent back in, with no I/O; if not, the step goes to the executors. The pass
+ends when the workflow returns or raises (the run completes or fails), a step parks it (a timer,
+a dead letter, a shutdown), or the log disagrees with the code (the run is held).
+
+The drive never touches the store: it writes through the journal it is handed and executes
+through the function it is handed (both described below as protocols), so that it can be read,
+and changed, as the loop alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from durabl import codec, crashpoints, events, replay
+from durabl.context import Context
+from durabl.errors import DurablError, EncodingError, NonDeterminismError, StepFailed
+from durabl.flow import Hold, Park, Unwind
+from durabl.replay import History, StepRecord
+from durabl.states import Progress
+from durabl.steps import CtxValue, Sleep, Step
+from durabl.workflow import Workflow
+
+_CTX_STEPS = {what: CtxValue(what) for what in ("now", "random", "uuid")}
+
+Decide = Callable[[History, int, Step], tuple[str, StepRecord | None]]
+"""The replay decision (``replay.decide``, or a seam's override of it)."""
+
+
+class Writes(Protocol):
+    """What the drive asks of its journal (``durabl.journal.Journal``)."""
+
+    run_id: str
+    history: History
+    progress: Progress
+    status: str
+
+    def append(
+        self,
+        new: list[tuple[str, str | None, str | None]],
+        *,
+        status: str | None = None,
+        result_text: str | None = None,
+        error: str | None = None,
+        wake_at_s: float | None = ...,
+        durable: bool = False,
+    ) -> None: ...
+
+    def set_status(self, status: str, error: str | None = None) -> None: ...
+
+
+class Executes(Protocol):
+    """Execute a step for real (``durabl.execute.execute``, bound to this pass)."""
+
+    def __call__(
+        self,
+        step: Step,
+        rec: StepRecord | None,
+        action: str,
+        draw: Callable[[], Any] | None = None,
+    ) -> Any: ...
+
+
+class Drive:
+    """The state of one pass of one run through its workflow."""
+
+    def __init__(
+        self,
+        wf: Workflow,
+        input_text: str,
+        journal: Writes,
+        *,
+        decide: Decide,
+        execute: Executes,
+        now: Callable[[], float],
+        dry: bool,
+        stopping: Callable[[], bool],
+    ) -> None:
+        self.wf = wf
+        self.input_text = input_text
+        self.journal = journal
+        self.run_id = journal.run_id
+        self.history = journal.history
+        self.progress = journal.progress
+        self.decide = decide
+        self.execute = execute
+        self.now = now
+        self.dry = dry
+        self.stopping = stopping
+        self.dry_status = journal.status
+        """What a dry replay concludes the run's status is (a dry pass writes nothing)."""
+        self.hold: DurablError | None = None
+        self.fatal: Exception | None = None
+        self.next_step: str | None = None
+        self.result: Any = None
+
+    @property
+    def replaying(self) -> bool:
+        return self.dry or self.progress.position < self.history.last_position
+
+    def run(self) -> None:
+        """Run the generator with one send/throw loop until it finishes, parks or is held."""
+        run_input = codec.decode(self.input_text)
+        ctx = Context(self.run_id, self.wf.name, run_input, self, self.now)
+        gen = self.wf.fn(ctx, **self.wf.bind(run_input))
+        send: Any = None
+        throw: BaseException | None = None
+        try:
+            while True:
+                try:
+                    yielded = gen.send(send) if throw is None else gen.throw(throw)
+                except StopIteration as stop:
+                    self._check_hold()
+                    self._finish(stop.value)
+                    return
+                except Unwind:
+                    self._check_hold()
+                    if self.fatal is not None:
+                        raise self.fatal from None
+                    return
+                except Exception as exc:
+                    self._check_hold()
+                    self._fail(exc)
+                    return
+                self._check_hold()
+                send, throw = None, None
+                if not isinstance(yielded, Step) or isinstance(yielded, CtxValue):
+                    throw = TypeError(
+                        f"workflow {self.wf.name!r} yielded {yielded!r} "
+                        f"({type(yielded).__name__}), which is not a step: yield ModelCall, "
+                        f"ToolCall or Sleep"
+                    )
+                    continue
+                self.progress.position += 1
+                try:
+                    send = self._step(yielded)
+                except StepFailed as failed:
+                    throw = failed
+        except Park:
+            return
+        except Hold as hold:
+            self._hold(hold.error)
+
+    def _check_hold(self) -> None:
+        if self.hold is not None:
+            raise Hold(self.hold)
+
+    def _step(self, step: Step) -> Any:
+        """Serve the step from the log, throw its recorded failure, or execute it."""
+        try:
+            action, rec = self.decide(self.history, self.progress.position, step)
+        except NonDeterminismError as exc:
+            raise Hold(exc) from None
+        if action == replay.SERVE and rec is not None:
+            self.progress.replayed += 1
+            crashpoints.reach(crashpoints.DURING_REPLAY)
+            return codec.decode(rec.result_text or "null")
+        if action == replay.THROW and rec is not None and rec.failure is not None:
+            self.progress.replayed += 1
+            raise StepFailed.from_record(rec.failure)
+        if self.dry:
+            self.next_step = step.describe()
+            raise Park()
+        if action == replay.DEAD or self.stopping():
+            raise Park()  # dead-lettered, or the process is shutting down: leave it here
+        if (
+            action == replay.WAIT
+            and not isinstance(step, Sleep)
+            and rec is not None
+            and self.now() < (rec.wake_at_s or 0.0)
+        ):
+            self.journal.set_status(events.SLEEPING)  # a retry backoff that is not over yet
+            raise Park()
+        return self.execute(step, rec, action)
+
+    def ctx_value(self, what: str, draw: Callable[[], Any]) -> Any:
+        """A ``ctx.now()``/``random()``/``uuid()`` value: from the log, or drawn and recorded."""
+        self.progress.position += 1
+        step = _CTX_STEPS[what]
+        try:
+            action, rec = self.decide(self.history, self.progress.position, step)
+        except NonDeterminismError as exc:
+            self.hold = exc
+            raise Unwind() from None
+        if action == replay.SERVE and rec is not None:
+            self.progress.replayed += 1
+            return codec.decode(rec.result_text or "null")
+        if self.dry:
+            self.next_step = step.describe()
+            raise Unwind()
+        try:
+            return self.execute(step, rec, action, draw)
+        except Unwind as unwind:
+            self.fatal = unwind.fatal
+            raise
+
+    # -- how a pass ends -------------------------------------------------------------------
+
+    def _finish(self, value: Any) -> None:
+        """The workflow returned: check the log agrees, then record the run's result."""
+        history = self.history
+        try:
+            replay.check_end(history, self.progress.position)
+        except NonDeterminismError as exc:
+            raise Hold(exc) from None
+        try:
+            text, self.result = codec.round_trip(
+                value, what=f"the result of workflow {self.wf.name!r} (run {self.run_id})"
+            )
+        except EncodingError as exc:
+            self._fail(exc)
+            return
+        self._check_recorded_end(text)
+        if self.dry:
+            if history.terminal == events.RUN_COMPLETED:
+                self.dry_status = events.COMPLETED
+            return
+        if history.terminal is not None:
+            return
+        crashpoints.reach(crashpoints.BEFORE_RUN_COMPLETED)
+        self.journal.append(
+            [(events.RUN_COMPLETED, None, text)],
+            status=events.COMPLETED,
+            result_text=text,
+            wake_at_s=None,
+            durable=True,
+        )
+
+    def _check_recorded_end(self, text: str) -> None:
+        """A run the log shows ended must end the same way now (only a replay gets here)."""
+        history = self.history
+        after = self.progress.position + 1
+        if history.terminal == events.RUN_FAILED:
+            expected = "the end of the workflow (RUN_FAILED)"
+            raise Hold(
+                replay.mismatch(history, after, expected, f"a return with the result {text}")
+            )
+        if history.terminal == events.RUN_COMPLETED and history.terminal_data != text:
+            expected = f"the result {history.terminal_data}"
+            raise Hold(replay.mismatch(history, after, expected, f"the result {text}"))
+
+    def _fail(self, exc: Exception) -> None:
+        """The workflow raised: fail the run, unless the log shows it did not raise here."""
+        history, position = self.history, self.progress.position
+        raised = f"an exception ({type(exc).__name__}: {exc})"
+        if position < history.last_position:
+            # The log goes on past this point, so the first execution did not raise here:
+            # the code changed under the run. Failing it would destroy a healthy run.
+            rec = history.steps[min(p for p in history.steps if p > position)]
+            raise Hold(replay.mismatch(history, rec.position, replay.describe_record(rec), raised))
+        if history.terminal in (events.RUN_COMPLETED, events.RUN_CANCELLED):
+            # Only a dry replay re-runs a finished run: its code now raises where it returned.
+            expected = f"the end of the workflow ({history.terminal})"
+            raise Hold(replay.mismatch(history, position + 1, expected, raised))
+        if self.dry:
+            self.dry_status = events.FAILED
+            return
+        record = {"error_type": type(exc).__name__, "message": str(exc)}
+        self.journal.append(
+            [(events.RUN_FAILED, None, codec.encode(record))],
+            status=events.FAILED,
+            error=f"{type(exc).__name__}: {exc}",
+            wake_at_s=None,
+            durable=True,
+        )
+
+    def _hold(self, error: DurablError) -> None:
+        self.hold = error
+        if not self.dry:
+            self.journal.set_status(events.HELD, error=f"{type(error).__name__}: {error}")
+
+
+__all__ = ["Decide", "Drive", "Executes", "Writes"]

@@ -1,0 +1,281 @@
+"""The engine: drives runs under their leases, between the public facade and the drive.
+
+The imperative shell reads top to bottom: take the run's lease, load its log, fold it into a
+history, open a journal that writes with the lease's fencing token, and let a ``Drive`` run the
+workflow against the history. The engine also starts runs (idempotently, by run id) and answers
+the questions a worker asks (``durabl.worker.Drives``): which runs have work, when the next timer
+is due, and "drive this one".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from durabl import codec, crashpoints, events, execute, leases
+from durabl import workflow as workflows
+from durabl.drive import Decide, Drive, Executes
+from durabl.errors import RunConflictError, RunNotFoundError
+from durabl.events import Event
+from durabl.execute import Services, StepCall
+from durabl.journal import Journal, Writer
+from durabl.replay import History, StepRecord
+from durabl.states import Progress, RunState
+from durabl.steps import Step
+from durabl.store.base import RunRow, Store
+from durabl.workflow import Workflow
+
+logger = logging.getLogger("durabl")
+
+
+class Engine:
+    """Drives the runs of one store for one runtime instance."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        writer: Writer,
+        leaser: leases.Leaser,
+        workflows: dict[str, Workflow],
+        services: Services,
+        decide: Decide,
+        clock: Callable[[], float],
+    ) -> None:
+        self.store = store
+        self.writer = writer
+        self.leaser = leaser
+        self.workflows = workflows
+        self.services = services
+        self.decide = decide
+        self.clock = clock
+        self.halted = False  # a plain flag, no lock: halt() runs in signal handlers
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def row(self, run_id: str) -> RunRow:
+        row = self.store.get_run(run_id)
+        if row is None:
+            raise RunNotFoundError(f"no run {run_id!r} in {self.store.path}")
+        return row
+
+    def history(self, run_id: str) -> History:
+        watermark, snapshot, log = self.store.load_history(run_id)
+        return History.from_events(run_id, log, watermark=watermark, snapshot=snapshot)
+
+    def workflow_of(self, target: Any) -> Workflow:
+        return workflows.resolve(target, self.workflows)
+
+    def state(self, run_id: str) -> RunState:
+        """The run's state as recorded (no workflow code runs)."""
+        row = self.row(run_id)
+        history = self.history(run_id)
+        boundary = history.resumed_at[-1] if history.resumed_at else 0
+        executed = sum(1 for r in history.steps.values() if r.done and r.done_seq > boundary)
+        return RunState(
+            run_id=row.run_id,
+            workflow=row.workflow,
+            status=row.status,
+            result=_decoded(row.result_text),
+            error=row.error,
+            steps_replayed=history.completed_positions() - executed,
+            steps_executed=executed,
+            wake_at_s=row.wake_at_s,
+        )
+
+    # -- starting and resuming -------------------------------------------------------------
+
+    def start(
+        self, target: Any, run_input: Any, run_id: str | None, boundary: dict[str, Any]
+    ) -> RunState:
+        """Create the run (with a new id if ``run_id`` is None) and drive it; an existing run
+        with this id is driven on instead, if it has the same workflow and input
+        (RunConflictError if not)."""
+        wf = self.workflow_of(target)
+        input_text, value = codec.round_trip(run_input, what=f"input of workflow {wf.name!r}")
+        wf.bind(value)
+        if run_id is None:
+            run_id = uuid.uuid4().hex
+        elif not isinstance(run_id, str) or not run_id:
+            raise TypeError(f"run_id must be a non-empty string, got {run_id!r}")
+        now_s = self.clock()
+        started = codec.encode({"workflow": wf.name, "input": value, **boundary})
+        row = RunRow(
+            run_id=run_id,
+            workflow=wf.name,
+            input_text=input_text,
+            status=events.RUNNING,
+            result_text=None,
+            error=None,
+            created_s=now_s,
+            updated_s=now_s,
+            wake_at_s=None,
+            watermark=0,
+            lease=self.leaser.lease(),
+        )
+        first = Event(1, events.RUN_STARTED, 0, None, started, now_s)
+        existing = self.store.create_run(row, first)
+        if existing is not None:
+            return self._start_again(existing, wf, input_text)
+        self.writer.note_written(run_id)
+        self.workflows.setdefault(wf.name, wf)
+        with self.owning(run_id, token=1) as (row, token):
+            crashpoints.reach(crashpoints.AFTER_RUN_STARTED)
+            return self.drive_owned(row, wf, None, token)
+
+    def _start_again(self, existing: RunRow, wf: Workflow, input_text: str) -> RunState:
+        if existing.workflow != wf.name or existing.input_text != input_text:
+            raise RunConflictError(
+                f"run {existing.run_id!r} already exists with workflow {existing.workflow!r} and "
+                f"input {existing.input_text}; it cannot be started again as {wf.name!r} with "
+                f"input {input_text}"
+            )
+        if existing.status == events.RUNNING:
+            return self.resume(existing, wf)
+        return self.state(existing.run_id)
+
+    def resume(
+        self, row: RunRow, wf: Workflow | None = None, now_s: float | None = None
+    ) -> RunState:
+        """Take the run's lease and drive it on from where its log ends."""
+        if not _drivable(row):
+            return self.state(row.run_id)
+        wf = wf or self.workflow_of(row.workflow)  # before touching the run
+        with self.owning(row.run_id) as (row, token):
+            return self.drive_owned(row, wf, now_s, token)
+
+    def resume_isolated(self, row: RunRow, now_s: float | None) -> RunState:
+        """``resume``, reporting a failure in the returned state instead of raising it."""
+        try:
+            return self.resume(row, None, now_s)
+        except crashpoints.ProcessDeath:
+            raise
+        except Exception as exc:
+            logger.warning("run %s (%s) could not be resumed: %s", row.run_id, row.workflow, exc)
+            latest = self.store.get_run(row.run_id) or row
+            return RunState(
+                run_id=row.run_id, workflow=row.workflow, status=latest.status, error=str(exc)
+            )
+
+    # -- driving ---------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def owning(self, run_id: str, token: int | None = None) -> Iterator[tuple[RunRow, int]]:
+        """Hold the run's lease for the block: the fresh row and the fencing token to write
+        with. A simulated death leaves the lease in the database, as a real one would."""
+        with leases.driving(run_id, self.leaser.owner):
+            try:
+                if token is None:
+                    token = self.leaser.acquire(self.row(run_id))
+                    crashpoints.reach(crashpoints.AFTER_LEASE_TAKEN)
+                else:
+                    self.leaser.hold(run_id, token)
+                yield self.row(run_id), token
+            except crashpoints.ProcessDeath:
+                self.leaser.forget(run_id)
+                raise
+            except BaseException:
+                self.leaser.release(run_id)
+                raise
+            self.leaser.release(run_id)
+
+    def journal(self, row: RunRow, token: int | None) -> Journal:
+        """A journal for one pass through the run, over its history as the store has it now;
+        with ``token`` None, one for a dry replay, which writes nothing."""
+        return self.writer.open(row, self.history(row.run_id), Progress(), token)
+
+    def drive_owned(
+        self, row: RunRow, wf: Workflow | None, now_s: float | None, token: int
+    ) -> RunState:
+        """Drive a run whose lease this runtime holds with ``token``."""
+        if not _drivable(row):
+            return self.state(row.run_id)
+        drive = self.drive(row, wf or self.workflow_of(row.workflow), now_s, token)
+        return self.state_of(drive, row)
+
+    def drive(self, row: RunRow, wf: Workflow, now_s: float | None, token: int | None) -> Drive:
+        """One pass through the run (a dry replay with ``token`` None); raises what held it."""
+        journal = self.journal(row, token)
+        now = self.clock if now_s is None else (lambda: now_s)
+        drive = Drive(
+            wf,
+            row.input_text,
+            journal,
+            decide=self.decide,
+            execute=self._executor(journal, now),
+            now=now,
+            dry=token is None,
+            stopping=lambda: self.halted,
+        )
+        drive.run()
+        if drive.hold is not None:
+            raise drive.hold
+        return drive
+
+    def _executor(self, journal: Journal, now: Callable[[], float]) -> Executes:
+        services = self.services
+
+        def run(
+            step: Step, rec: StepRecord | None, action: str, draw: Callable[[], Any] | None = None
+        ) -> Any:
+            return execute.execute(StepCall(journal, step, rec, action, now, services, draw))
+
+        return run
+
+    def state_of(self, drive: Drive, row: RunRow) -> RunState:
+        """The state a pass left ``row``'s run in (for a dry one, the state it concluded)."""
+        row = self.store.get_run(drive.run_id) or row
+        return RunState(
+            run_id=drive.run_id,
+            workflow=row.workflow,
+            status=drive.dry_status if drive.dry else row.status,
+            result=drive.result if drive.dry else _decoded(row.result_text),
+            error=row.error if drive.hold is None else str(drive.hold),
+            steps_replayed=drive.progress.replayed,
+            steps_executed=drive.progress.executed,
+            wake_at_s=row.wake_at_s,
+            next_step=drive.next_step,
+        )
+
+    # -- what a worker asks (durabl.worker.Drives) -----------------------------------------
+
+    def drive_run(self, run_id: str) -> str | None:
+        """Drive the run on if it has work. Its status after, or None when this call did no
+        work on it: it was finished, or another process finished it between the look and the
+        lease (counting it would count one run as completed by two workers)."""
+        row = self.store.get_run(run_id)
+        if row is None or row.status in events.TERMINAL_STATUSES:
+            return None
+        wrote_before = self.writer.has_written(run_id)
+        state = self.resume(row)
+        if not wrote_before and not self.writer.has_written(run_id):
+            return None
+        return state.status
+
+    def interrupted_runs(self, *, include_held: bool) -> list[str]:
+        statuses = (events.RUNNING, events.HELD) if include_held else (events.RUNNING,)
+        return [row.run_id for row in reversed(self.store.list_runs(statuses=statuses))]
+
+    def due_runs(self, now_s: float) -> list[str]:
+        return self.store.due_runs(now_s)
+
+    def next_wake_s(self) -> float | None:
+        return self.store.next_wake_s()
+
+    def now(self) -> float:
+        return self.clock()
+
+    def halt(self) -> None:
+        """Let the steps in progress finish and park their runs; takes no lock."""
+        self.halted = True
+
+
+def _drivable(row: RunRow) -> bool:
+    return row.status not in events.TERMINAL_STATUSES and row.status != events.DEAD_LETTERED
+
+
+def _decoded(text: str | None) -> Any:
+    return None if text is None else codec.decode(text)

@@ -1,0 +1,178 @@
+"""The retry loop of model and tool steps, in one place.
+
+An attempt writes STEP_STARTED; for a tool, TOOL_DISPATCHED next (with the key claim, in the
+same transaction); then control leaves durabl. What comes back is recorded in one transaction:
+STEP_COMPLETED with the tool's side_effects row, STEP_RETRY with the time of the next attempt,
+or STEP_FAILED once the policy gives up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from durabl import codec, crashpoints, events
+from durabl.errors import EncodingError, StepFailed
+from durabl.execute.base import StepCall
+from durabl.flow import Park
+from durabl.journal import KEEP
+from durabl.store.base import KeyClaim, SideEffect
+from durabl.tools import RetryPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """A tool call: control leaves durabl, so TOOL_DISPATCHED is written before it, and its
+    outcome is recorded under ``key`` in the side_effects table."""
+
+    key: str
+    claim: KeyClaim | None
+    """The claim on an explicit key while the call is out; None for a derived key."""
+    at_most_once: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptSpec:
+    """How to attempt one model or tool step."""
+
+    name: str
+    """The name its failure carries: "ModelCall", or the tool's name."""
+    call: Callable[[], Any]
+    policy: RetryPolicy
+    returned: str
+    """The crash point right after control comes back."""
+    failure: type[StepFailed]
+    dispatch: Dispatch | None = None
+
+
+def attempt(call: StepCall, spec: AttemptSpec) -> Any:
+    """Attempt the step until it succeeds, fails for good, or parks on a backoff timer."""
+    rec = call.rec
+    attempt = (rec.retries if rec is not None else 0) + 1
+    retry_pending = rec is not None and rec.wake_at_s is not None
+    while True:
+        _begin(call, spec, retry_pending)
+        retry_pending = False
+        try:
+            value = spec.call()
+        except Exception as exc:
+            crashpoints.reach(spec.returned)
+            if attempt < spec.policy.max_attempts:
+                error = {"error_type": type(exc).__name__, "message": str(exc), "attempt": attempt}
+                schedule_retry(call, error, spec.policy.delay_s(attempt))
+                attempt += 1
+                continue
+            err = spec.failure(spec.name, type(exc).__name__, str(exc), attempt)
+            # An exception from an AT_MOST_ONCE tool does not prove nothing happened: the key
+            # is spent, so no other run holding it calls the tool again.
+            at_most_once = spec.dispatch is not None and spec.dispatch.at_most_once
+            record_failure(call, err, spec.dispatch, effect_happened=at_most_once)
+            raise err from None
+        crashpoints.reach(spec.returned)
+        return _complete(call, spec, value, attempt)
+
+
+def _begin(call: StepCall, spec: AttemptSpec, retry_pending: bool) -> None:
+    """Write the attempt's start (disarming a retry timer that brought it here), and for a tool
+    the dispatch marker: past it, a crash is ambiguous."""
+    journal = call.journal
+    crashpoints.reach(crashpoints.BEFORE_STEP_STARTED)
+    journal.append(
+        [(events.STEP_STARTED, call.step.fingerprint, call.step.canonical)],
+        wake_at_s=None if retry_pending else KEEP,
+    )
+    crashpoints.reach(crashpoints.AFTER_STEP_STARTED)
+    dispatch = spec.dispatch
+    if dispatch is not None:
+        journal.append(
+            [(events.TOOL_DISPATCHED, None, codec.encode({"key": dispatch.key}))],
+            claim=dispatch.claim,
+            durable=dispatch.at_most_once,
+        )
+        crashpoints.reach(crashpoints.AFTER_TOOL_DISPATCHED)
+
+
+def _complete(call: StepCall, spec: AttemptSpec, value: Any, attempt: int) -> Any:
+    """Record the result, and a tool's side_effects row with it, in one durable transaction."""
+    dispatch = spec.dispatch
+    try:
+        text, value = codec.round_trip(
+            value,
+            what=f"the result of {call.step.describe()} (run {call.run_id} step {call.position})",
+        )
+    except EncodingError as exc:
+        err = spec.failure(spec.name, "EncodingError", str(exc), attempt)
+        record_failure(call, err, dispatch, effect_happened=dispatch is not None)
+        raise err from None
+    effect = None
+    if dispatch is not None:
+        effect = _effect(call, dispatch.key, spec.name, result_text=text)
+    call.journal.append(
+        [(events.STEP_COMPLETED, None, text)],
+        side_effect=effect,
+        release_claim=_claimed_key(dispatch),
+        durable=True,
+    )
+    crashpoints.reach(crashpoints.AFTER_STEP_COMMITTED)
+    call.executed()
+    return value
+
+
+def schedule_retry(call: StepCall, error: dict[str, Any], delay_s: float) -> None:
+    """Record a failed attempt and when the next begins; park until then if that is later.
+    An explicit key's claim is kept: until the step ends, another run holding the key is inside
+    the same window."""
+    retry_at_s = call.now() + delay_s
+    call.journal.append(
+        [(events.STEP_RETRY, None, codec.encode({**error, "retry_at_s": retry_at_s}))],
+        status=events.SLEEPING if delay_s > 0 else events.RUNNING,
+        wake_at_s=retry_at_s if delay_s > 0 else KEEP,
+        durable=delay_s > 0,
+    )
+    crashpoints.reach(crashpoints.AFTER_RETRY_SCHEDULED)
+    if delay_s > 0:
+        raise Park()
+
+
+def record_failure(
+    call: StepCall, err: StepFailed, dispatch: Dispatch | None, *, effect_happened: bool
+) -> None:
+    """Record a step's final failure. If the effect may have happened (the tool returned a
+    result durabl cannot record, or an AT_MOST_ONCE tool raised), its key is spent: the
+    side_effects row records the failure."""
+    effect = None
+    if effect_happened and dispatch is not None:
+        effect = _effect(call, dispatch.key, err.step_name, error=str(err))
+    call.journal.append(
+        [(events.STEP_FAILED, None, codec.encode(err.to_record()))],
+        side_effect=effect,
+        release_claim=_claimed_key(dispatch),
+        wake_at_s=None,
+        durable=True,
+    )
+    call.executed()
+
+
+def _effect(
+    call: StepCall,
+    key: str,
+    tool: str,
+    *,
+    result_text: str | None = None,
+    error: str | None = None,
+) -> SideEffect:
+    return SideEffect(
+        key=key,
+        run_id=call.run_id,
+        step=call.position,
+        tool=tool,
+        args_fp=call.step.fingerprint,
+        result_text=result_text,
+        error=error,
+        at_s=call.now(),
+    )
+
+
+def _claimed_key(dispatch: Dispatch | None) -> str | None:
+    return dispatch.key if dispatch is not None and dispatch.claim is not None else None

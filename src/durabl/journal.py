@@ -1,0 +1,167 @@
+"""The one write path: how a pass through a run appends to its log and changes its row.
+
+Every write a drive makes goes through ``Journal.append``: the events for the step in hand and
+the run row's new status, timer, result or error, in one transaction, fenced by the run's lease
+token so that a stale owner's write is refused inside the database. After the database has
+taken a write, the journal folds the same events into the in-memory history, so the two never
+disagree.
+
+``Writer`` is what every journal of one runtime instance shares: the store, the clock, the
+process boundary, and which runs this instance has written to. The first write it makes to a run
+it did not start is preceded, in the same transaction, by ``RUN_RESUMED``: the boundary between
+two processes, recorded so that the log alone can show it.
+
+A seam: ``Runtime.journal_class`` names the journal a runtime opens, so that the chaos harness's
+deliberately broken runtimes can plant a bug in ``append`` and nowhere else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from durabl import codec, events
+from durabl.events import Event
+from durabl.replay import History
+from durabl.states import Progress
+from durabl.steps import Step
+from durabl.store.base import UNCHANGED, Commit, KeyClaim, RunRow, SideEffect, Store
+
+KEEP = UNCHANGED
+"""Default for ``Journal.append``'s ``wake_at_s``: leave the run's timer as it is."""
+
+NewEvent = tuple[str, str | None, str | None]
+"""An event to append for the step in hand: (kind, fingerprint, data)."""
+
+_HEALTHY = (events.RUNNING, events.SLEEPING, events.COMPLETED)
+
+
+class Writer:
+    """The write state one runtime instance shares between its journals."""
+
+    def __init__(
+        self,
+        store: Store,
+        clock: Callable[[], float],
+        boundary: dict[str, Any],
+        journal_class: type[Journal],
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.boundary = boundary
+        self.journal_class = journal_class
+        self._written: set[str] = set()  # set.add is atomic: worker threads share it
+
+    def has_written(self, run_id: str) -> bool:
+        """True once this instance started ``run_id`` or appended to its log."""
+        return run_id in self._written
+
+    def note_written(self, run_id: str) -> None:
+        self._written.add(run_id)
+
+    def open(self, row: RunRow, history: History, progress: Progress, token: int | None) -> Journal:
+        """A journal for one pass through ``row``'s run, writing with fencing ``token``; with
+        ``token`` None (a dry replay), one that refuses to write."""
+        return self.journal_class(self, row, history, progress, token)
+
+
+class Journal:
+    """Appends to one run's log for one pass through it."""
+
+    def __init__(
+        self,
+        writer: Writer,
+        row: RunRow,
+        history: History,
+        progress: Progress,
+        token: int | None,
+    ) -> None:
+        self.writer = writer
+        self.run_id = row.run_id
+        self.history = history
+        self.progress = progress
+        self.token = token
+        self.status = row.status
+        self.error = row.error
+
+    @property
+    def store(self) -> Store:
+        return self.writer.store
+
+    def now(self) -> float:
+        return self.writer.clock()
+
+    def append(
+        self,
+        new: list[NewEvent],
+        *,
+        status: str | None = None,
+        step: int | None = None,
+        result_text: str | None = None,
+        error: str | None = None,
+        wake_at_s: float | None = KEEP,
+        side_effect: SideEffect | None = None,
+        claim: KeyClaim | None = None,
+        release_claim: str | None = None,
+        durable: bool = False,
+    ) -> None:
+        """Append ``new`` at the step in hand (or at ``step``) and set the run's row, in ONE
+        transaction. Without an explicit status, writing events means the run is RUNNING."""
+        if self.token is None:
+            raise AssertionError("a dry replay never writes")
+        if status is None:
+            status = events.RUNNING if new else self.status
+        now_s = self.now()
+        rows = self._rows(new, self.progress.position if step is None else step, now_s)
+        clear_error = status in _HEALTHY and error is None and self.error is not None
+        self.store.commit(
+            Commit(
+                run_id=self.run_id,
+                events=rows,
+                status=None if status == self.status else status,
+                result_text=result_text,
+                error=error,
+                clear_error=clear_error,
+                wake_at_s=wake_at_s,
+                side_effect=side_effect,
+                claim=claim,
+                release_claim=release_claim,
+                durable=durable,
+                at_s=now_s,
+                fence=self.token,
+            )
+        )
+        if new:
+            self.writer.note_written(self.run_id)
+        for row in rows:
+            self.history.apply(row)
+        self.status = status
+        self.error = error if error is not None else (None if clear_error else self.error)
+
+    def _rows(self, new: list[NewEvent], position: int, now_s: float) -> list[Event]:
+        rows: list[Event] = []
+        seq = self.history.last_seq
+        if new and not self.writer.has_written(self.run_id):
+            seq += 1
+            boundary = codec.encode({**self.writer.boundary, "replayed": self.progress.replayed})
+            rows.append(Event(seq, events.RUN_RESUMED, 0, None, boundary, now_s))
+        for kind, fp, data in new:
+            seq += 1
+            at = 0 if kind in events.TERMINAL else position
+            rows.append(Event(seq, kind, at, fp, data, now_s))
+        return rows
+
+    def started(self, step: Step) -> list[NewEvent]:
+        """STEP_STARTED for the step in hand, unless the log already holds its position."""
+        if self.progress.position in self.history.steps:
+            return []
+        return [(events.STEP_STARTED, step.fingerprint, step.canonical)]
+
+    def set_status(self, status: str, error: str | None = None) -> None:
+        """Change the run's status (and error) with no event; nothing is written if the status
+        is already ``status`` and no error is given."""
+        if status != self.status or error is not None:
+            self.append([], status=status, error=error)
+
+
+__all__ = ["KEEP", "Journal", "NewEvent", "Writer"]

@@ -1,0 +1,167 @@
+"""What an operator does to runs: the dead-letter queue (list, redrive, resolve, cancel) and
+compaction. Every change is written to the run's log under its lease, like a drive's."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from durabl import codec, events
+from durabl.engine import Engine
+from durabl.errors import DurablError, InvalidStateError, RunLeased
+from durabl.events import Event
+from durabl.metrics import MetricsFold
+from durabl.replay import History
+from durabl.states import Compaction, DeadLetter, RunCompaction, RunState
+from durabl.steps import derived_key
+from durabl.store.base import RunRow, SideEffect
+
+logger = logging.getLogger("durabl")
+
+
+# -- the dead-letter queue -------------------------------------------------------------------
+
+
+def dead_letters(engine: Engine) -> list[DeadLetter]:
+    """Every run stopped on a dead-lettered step, oldest first."""
+    found = []
+    for row in reversed(engine.store.list_runs(statuses=(events.DEAD_LETTERED,))):
+        event = dead_lettered_event(engine, row)
+        data = codec.decode(event.data or "{}")
+        found.append(
+            DeadLetter(
+                run_id=row.run_id,
+                workflow=row.workflow,
+                step=event.step,
+                seq=event.seq,
+                step_description=data.get("step", ""),
+                reason=data.get("reason", ""),
+                idempotency_key=data.get("key"),
+            )
+        )
+    return found
+
+
+def redrive(engine: Engine, run_id: str) -> RunState:
+    """Call the dead-lettered step again (the operator accepts a possible duplicate)."""
+    with engine.owning(run_id) as (row, token):
+        event = dead_lettered_event(engine, row)
+        wf = engine.workflow_of(row.workflow)
+        engine.journal(row, token).append([(events.DLQ_REDRIVEN, None, None)], step=event.step)
+        return engine.drive_owned(engine.row(run_id), wf, None, token)
+
+
+def resolve(engine: Engine, run_id: str, result: Any) -> RunState:
+    """Supply the dead-lettered step's result (the operator checked what happened)."""
+    with engine.owning(run_id) as (row, token):
+        event = dead_lettered_event(engine, row)
+        data = codec.decode(event.data or "{}")
+        text, _ = codec.round_trip(result, what=f"resolution of run {run_id} step {event.step}")
+        explicit_key = data.get("key")
+        key = explicit_key or derived_key(run_id, event.step)
+        if engine.store.side_effect(key) is not None:
+            raise InvalidStateError(
+                f"idempotency key {key!r} already has a recorded effect; redrive run "
+                f"{run_id} to pick it up instead of resolving it"
+            )
+        effect = SideEffect(
+            key=key,
+            run_id=run_id,
+            step=event.step,
+            tool=data["tool"],
+            args_fp=data["fp"],
+            result_text=text,
+            error=None,
+            at_s=engine.clock(),
+        )
+        wf = engine.workflow_of(row.workflow)
+        engine.journal(row, token).append(
+            [(events.DLQ_RESOLVED, None, None), (events.STEP_COMPLETED, None, text)],
+            step=event.step,
+            side_effect=effect,
+            release_claim=explicit_key,
+            durable=True,
+        )
+        return engine.drive_owned(engine.row(run_id), wf, None, token)
+
+
+def cancel(engine: Engine, run_id: str, reason: str) -> RunState:
+    """End a run that has not finished. Recorded in the log; the run never resumes."""
+    with engine.owning(run_id) as (row, token):
+        if row.status in events.TERMINAL_STATUSES:
+            raise InvalidStateError(f"run {run_id} is already {row.status}; nothing to cancel")
+        engine.journal(row, token).append(
+            [(events.RUN_CANCELLED, None, codec.encode({"reason": reason}))],
+            status=events.CANCELLED,
+            error=f"cancelled: {reason}",
+            wake_at_s=None,
+            durable=True,
+        )
+    return engine.state(run_id)
+
+
+def dead_lettered_event(engine: Engine, row: RunRow) -> Event:
+    """The DEAD_LETTERED event the run is stopped on; InvalidStateError if it is not stopped
+    on one."""
+    if row.status != events.DEAD_LETTERED:
+        raise InvalidStateError(f"run {row.run_id} is {row.status}, not dead-lettered")
+    for event in reversed(engine.store.load_log(row.run_id)):
+        if event.kind == events.DEAD_LETTERED:
+            return event
+    raise InvalidStateError(
+        f"run {row.run_id} is marked dead-lettered but its log has no DEAD_LETTERED event"
+    )
+
+
+# -- compaction ------------------------------------------------------------------------------
+
+
+def compact(engine: Engine, run_id: str | None, keep_last: int, reclaim: bool) -> Compaction:
+    """Fold each run's resolved prefix into its snapshot; see ``Runtime.compact``."""
+    if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0:
+        raise ValueError(f"keep_last must be an int >= 0, got {keep_last!r}")
+    rows = [engine.row(run_id)] if run_id is not None else engine.store.list_runs()
+    report = Compaction()
+    if reclaim:  # the size before, measured the way the size after will be
+        report.bytes_before, _ = engine.store.reclaim()
+    for row in reversed(rows):
+        try:
+            folded = compact_run(engine, row.run_id, keep_last)
+        except RunLeased:
+            if run_id is not None:
+                raise
+            report.busy.append(row.run_id)
+            continue
+        except DurablError as exc:  # one damaged run never stops the others
+            if run_id is not None:
+                raise
+            logger.warning("run %s not compacted: %s", row.run_id, exc)
+            report.errors[row.run_id] = f"{type(exc).__name__}: {exc}"
+            continue
+        if folded is not None:
+            report.runs.append(folded)
+    if reclaim:
+        _, report.bytes_after = engine.store.reclaim()
+    return report
+
+
+def compact_run(engine: Engine, run_id: str, keep_last: int) -> RunCompaction | None:
+    """Fold one run's resolved prefix, less its last ``keep_last`` steps, in one transaction
+    under its lease; None when there is nothing new to fold."""
+    with engine.owning(run_id) as (_, token):
+        watermark, snapshot, log = engine.store.load_history(run_id)
+        history = History.from_events(run_id, log, watermark=watermark, snapshot=snapshot)
+        position, seq = history.foldable(keep_last)
+        if seq <= watermark:
+            return None
+        folded = [e for e in log if e.seq <= seq]
+        counters = MetricsFold.of(folded, history.folded_metrics).counters()
+        text = history.snapshot(position, seq, counters)
+        deleted = engine.store.compact(run_id, seq, text, token)
+    return RunCompaction(
+        run_id=run_id,
+        steps_folded=position,
+        events_deleted=deleted,
+        watermark=seq,
+        events_kept=len(log) - deleted,
+    )
