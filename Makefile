@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench chaos clean
+.PHONY: demo test lint imports bench chaos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,10 +15,14 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) examples/research_agent.py --fresh
 
-test: $(STAMP)
+test: imports
 	$(PY) -m pytest -q
 
-lint: $(STAMP)
+# The import contracts in pyproject.toml: who may import whom.
+imports: $(STAMP)
+	$(VENV)/bin/lint-imports --no-cache
+
+lint: imports
 	$(VENV)/bin/ruff check src tests bench scripts examples
 	$(VENV)/bin/mypy
 
