@@ -244,3 +244,17 @@ def test_a_step_rebuilt_from_its_arguments_is_the_same_step(step: Step) -> None:
 def test_describe_canonical_falls_back_to_the_text_it_cannot_read() -> None:
     assert describe_canonical("not json") == "not json"
     assert describe_canonical('["unknown",1]') == '["unknown",1]'
+
+
+def test_every_kind_of_step_has_exactly_one_executor() -> None:
+    """A new step kind needs its executor in ``durabl.execute.EXECUTORS``, or the drive would
+    have nothing to hand it to."""
+    from durabl import steps
+    from durabl.execute import EXECUTORS
+
+    kinds = {
+        value
+        for value in vars(steps).values()
+        if isinstance(value, type) and issubclass(value, steps.Step) and value is not steps.Step
+    }
+    assert kinds == set(EXECUTORS)
