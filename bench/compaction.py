@@ -47,7 +47,6 @@ Databases live in a temporary directory on a real disk (never tmpfs: fsync must 
 
 from __future__ import annotations
 
-import datetime as _dt
 import hashlib
 import json
 import os
@@ -58,15 +57,14 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import durabl
-from bench.output import parse_args, release_scratch, write_json
-from bench.w40 import filesystem_of, git_commit, percentile, scratch_dir, sync_latency
+from bench import harness
+from bench.harness import Report, header, median_of, percentile, rotations, say, timed
 from durabl import ModelCall, Runtime, ToolCall, workflow
 from durabl.crashpoints import BEFORE_STEP_STARTED, CrashAt, ProcessDeath
 from durabl.replay import History
@@ -74,7 +72,6 @@ from durabl.store.sqlite import Q
 
 SCHEMA = 1
 """Version of the layout of the JSON this script writes."""
-REPO = Path(__file__).resolve().parent.parent
 RUN_ID = "compaction-bench"
 TASK = "How do sea otters use tools to open shellfish?"
 TOOL_NAME = "search_docs"
@@ -289,21 +286,9 @@ def copy_db(src: Path, dst: Path) -> Path:
     return dst
 
 
-def timed(fn: Callable[[], Any]) -> tuple[int, Any]:
-    t0 = time.perf_counter_ns()
-    value = fn()
-    return time.perf_counter_ns() - t0, value
-
-
 def load_history(agent: Agent) -> History:
     watermark, snapshot, log = agent.rt.store.load_history(RUN_ID)
     return History.from_events(RUN_ID, log, watermark=watermark, snapshot=snapshot)
-
-
-def rotating(items: Sequence[Any], rounds: int) -> list[list[Any]]:
-    """``rounds`` orders of ``items``, each starting one further along."""
-    n = len(items)
-    return [[*items[r % n :], *items[: r % n]] for r in range(rounds)]
 
 
 def same(label: str, before: Any, after: Any) -> None:
@@ -456,12 +441,12 @@ def measure_replay(
             for agent in agents.values():
                 agent.rt.replay(RUN_ID)
                 load_history(agent)
-        for round_ in rotating(order, plan.replay_reps):
+        for round_ in rotations(order, plan.replay_reps):
             for folded in round_:
                 ns, state = timed(partial(agents[folded].rt.replay, RUN_ID))
                 same(f"the dry replay ({folded} steps folded)", reference["replay"], state)
                 samples[folded]["replay"].append(ns)
-        for round_ in rotating(order, plan.load_reps):
+        for round_ in rotations(order, plan.load_reps):
             for folded in round_:
                 ns, history = timed(partial(load_history, agents[folded]))
                 if history.completed_positions() != plan.steps:
@@ -544,7 +529,7 @@ def measure_resume(rep_dir: Path, plan: Plan, expected: Any, left: int) -> dict[
     resume_ns: dict[str, list[int]] = {name: [] for name in variants}
     states: dict[str, Any] = {}
     trial = rep_dir / "resume_trial.db"
-    for i, round_ in enumerate(rotating(list(variants), plan.warmup + plan.resume_reps)):
+    for i, round_ in enumerate(rotations(list(variants), plan.warmup + plan.resume_reps)):
         for name in round_:
             copy_db(variants[name], trial)
             t0 = time.perf_counter_ns()
@@ -586,7 +571,7 @@ def repetition(work: Path, rep: int, plan: Plan, expected: Any) -> dict[str, Any
     build_s, metrics = build_completed(base, plan, expected)
     before = file_stats(base)
     prefix_list = prefixes(plan)
-    _say(f"  rep {rep + 1}: built {plan.steps} steps in {build_s:.1f} s; compacting copies")
+    say(f"  rep {rep + 1}: built {plan.steps} steps in {build_s:.1f} s; compacting copies")
     compaction = measure_compaction(rep_dir, base, plan, prefix_list)
     reference_agent = Agent(base)
     try:
@@ -598,11 +583,11 @@ def repetition(work: Path, rep: int, plan: Plan, expected: Any) -> dict[str, Any
     finally:
         reference_agent.close()
     same("metrics() of the run", metrics, reference["metrics"])
-    _say(f"  rep {rep + 1}: dry replays and history loads of {len(prefix_list)} copies")
+    say(f"  rep {rep + 1}: dry replays and history loads of {len(prefix_list)} copies")
     samples = measure_replay(compaction["copies"], plan, reference)
-    _say(f"  rep {rep + 1}: resume of a run one step short of the end")
+    say(f"  rep {rep + 1}: resume of a run one step short of the end")
     resume = measure_resume(rep_dir, plan, expected, 1)
-    _say(f"  rep {rep + 1}: resume of a run {plan.tail_steps} steps short of the end")
+    say(f"  rep {rep + 1}: resume of a run {plan.tail_steps} steps short of the end")
     tail = measure_resume(rep_dir, plan, expected, plan.tail_steps)
     for db in rep_dir.glob("*.db*"):
         db.unlink()
@@ -638,10 +623,6 @@ def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     den = sum((x - mx) ** 2 for x in xs)
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den
-
-
-def median_of(values: Sequence[float], digits: int = 3) -> float:
-    return round(statistics.median(values), digits)
 
 
 def figures(reps: list[dict[str, Any]], plan: Plan) -> dict[str, Any]:
@@ -842,22 +823,6 @@ def raw_samples(reps: list[dict[str, Any]], plan: Plan) -> dict[str, Any]:
     }
 
 
-def machine_info(work: Path, plan: Plan) -> dict[str, Any]:
-    return {
-        "cpu_count": os.cpu_count(),
-        "python_version": platform.python_version(),
-        "python_implementation": platform.python_implementation(),
-        "sqlite_version": sqlite3.sqlite_version,
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "durabl_version": durabl.__version__,
-        "git_commit": git_commit(),
-        "scratch_dir": str(work),
-        "scratch_filesystem": filesystem_of(work),
-        **sync_latency(work, plan.fsync_samples),
-    }
-
-
 def render(report: dict[str, Any]) -> str:
     w, s, c = report["workload"], report["size"], report["compaction_time"]
     lines = [
@@ -914,59 +879,46 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+def measure(work: Path, quick: bool) -> Report:
+    plan = QUICK if quick else FULL
+    expected = plain_agent(plan.steps)
+    report: Report = {
+        **header("compaction", SCHEMA, quick, work, plan.fsync_samples),
+        "workload": workload_info(plan),
+        "repetitions": {
+            "databases": plan.databases,
+            "warmup": plan.warmup,
+            "replay": plan.replay_reps,
+            "history_load": plan.load_reps,
+            "resume": plan.resume_reps,
+            "resume_steps_left": plan.tail_steps,
+        },
+    }
+    say(f"compaction: {plan.databases} repetition(s) of a {plan.steps}-step run")
+    reps = [repetition(work, i, plan, expected) for i in range(plan.databases)]
+    report.update(figures(reps, plan))
+    report["identical_after_compaction"] = {
+        "dry_replay_state": True,
+        "state": True,
+        "metrics": True,
+        "resumed_state": True,
+    }
+    report["replayed_state"] = reps[0]["replay_state"]
+    report["metrics"] = reps[0]["metrics"]
+    report["raw"] = raw_samples(reps, plan)
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(
-        "compaction",
-        __doc__,
-        "a 200-step run, one repetition: exercises the code, figures are noise",
+    return harness.main(
         argv,
+        name="compaction",
+        doc=__doc__,
+        quick_help="a 200-step run, one repetition: exercises the code, figures are noise",
+        measure=measure,
+        render=render,
+        summary_to=sys.stderr,
     )
-
-    plan = QUICK if args.quick else FULL
-    started = time.perf_counter()
-    work = scratch_dir(args.tmp_dir, prefix="compaction-")
-    try:
-        expected = plain_agent(plan.steps)
-        report: dict[str, Any] = {
-            "benchmark": "compaction",
-            "schema": SCHEMA,
-            "timestamp": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-            "quick": bool(args.quick),
-            "machine": machine_info(work, plan),
-            "workload": workload_info(plan),
-            "repetitions": {
-                "databases": plan.databases,
-                "warmup": plan.warmup,
-                "replay": plan.replay_reps,
-                "history_load": plan.load_reps,
-                "resume": plan.resume_reps,
-                "resume_steps_left": plan.tail_steps,
-            },
-        }
-        _say(f"compaction: {plan.databases} repetition(s) of a {plan.steps}-step run")
-        reps = [repetition(work, i, plan, expected) for i in range(plan.databases)]
-        report.update(figures(reps, plan))
-        report["identical_after_compaction"] = {
-            "dry_replay_state": True,
-            "state": True,
-            "metrics": True,
-            "resumed_state": True,
-        }
-        report["replayed_state"] = reps[0]["replay_state"]
-        report["metrics"] = reps[0]["metrics"]
-        report["raw"] = raw_samples(reps, plan)
-        report["elapsed_s"] = round(time.perf_counter() - started, 1)
-    finally:
-        release_scratch(work, args.keep)
-
-    out = write_json(args.out, report)
-    _say(render(report))
-    _say(f"wrote {out} in {report['elapsed_s']} s")
-    return 0
 
 
 if __name__ == "__main__":

@@ -36,17 +36,11 @@ Databases live in a temporary directory on a real disk (never tmpfs: fsync must 
 from __future__ import annotations
 
 import cProfile
-import datetime as _dt
 import json
 import math
-import os
-import platform
 import pstats
 import sqlite3
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
@@ -55,8 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import durabl
-from bench.output import parse_args, release_scratch, write_json
+from bench import harness
+from bench.harness import Report, header, percentile, say, summary
 from bench.workload import (
     EXPECTED,
     STEPS,
@@ -73,8 +67,6 @@ from durabl.crashpoints import BEFORE_RUN_COMPLETED, CrashAt, ProcessDeath
 
 SCHEMA = 1
 """Version of the layout of the JSON this script writes."""
-REPO = Path(__file__).resolve().parent.parent
-RAM_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "devtmpfs", "hugetlbfs"})
 
 TARGETS = {
     "full_overhead_ms_per_step_median": 0.5,
@@ -228,7 +220,7 @@ def interleave(
         for s in [*subjects[shift:], *subjects[:shift]]:
             samples[s.label].append(s.run())
         if reps >= 10 and (rep + 1) % max(1, reps // 4) == 0:
-            _say(f"  {progress}: {rep + 1}/{reps}")
+            say(f"  {progress}: {rep + 1}/{reps}")
     for s in subjects:
         expected_lines = TOOL_CALLS * s.runs
         if s.outbox.lines() != expected_lines:
@@ -237,23 +229,6 @@ def interleave(
                 f"expected {expected_lines}"
             )
     return samples
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100)."""
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
-
-
-def summary(values: Sequence[float], digits: int = 4) -> dict[str, Any]:
-    return {
-        "median": round(statistics.median(values), digits),
-        "p95": round(percentile(values, 95), digits),
-        "min": round(min(values), digits),
-        "mean": round(statistics.fmean(values), digits),
-        "n": len(values),
-    }
 
 
 def overhead_figures(durabl_ns: Sequence[int], plain_ns: Sequence[int]) -> dict[str, Any]:
@@ -286,7 +261,7 @@ def plain_figures(plain_ns: Sequence[int]) -> dict[str, Any]:
 def measure_overhead(
     work: Path, plan: Plan, raw: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    _say("[1/5] per-step overhead: process, full, full+IDEMPOTENT vs the plain loop")
+    say("[1/5] per-step overhead: process, full, full+IDEMPOTENT vs the plain loop")
     plain = PlainSubject("plain", Outbox(work / "overhead_plain.txt"))
     subjects: list[Subject] = [
         plain,
@@ -329,7 +304,7 @@ def measure_overhead(
 
 
 def measure_replay(work: Path, plan: Plan) -> dict[str, Any]:
-    _say("[2/5] replay: dry replay of a completed run, resume of a run killed before completion")
+    say("[2/5] replay: dry replay of a completed run, resume of a run killed before completion")
     figures: dict[str, Any] = {}
 
     outbox = Outbox(work / "replay.txt")
@@ -492,14 +467,14 @@ def populate(db: Path, outbox: Outbox, target_events: int) -> tuple[int, int, fl
                 rt.start(w40, {"topic": TOPIC})
             runs += batch
             events_now = count_events(db)
-            _say(f"  populated {events_now} events ({runs} runs)")
+            say(f"  populated {events_now} events ({runs} runs)")
     finally:
         rt.close()
     return events_now, runs, time.perf_counter() - t0
 
 
 def measure_scaling(work: Path, plan: Plan, raw: dict[str, Any]) -> dict[str, Any]:
-    _say(f"[3/5] scaling: empty database vs one holding >= {plan.prior_events} events")
+    say(f"[3/5] scaling: empty database vs one holding >= {plan.prior_events} events")
     big = work / "scaling_prior.db"
     prior, populate_runs, populate_s = populate(
         big, Outbox(work / "scaling_populate.txt"), plan.prior_events
@@ -774,108 +749,6 @@ def _profile_area(filename: str, func: str) -> str:
     return f"stdlib {Path(filename).name}"
 
 
-# -- machine and environment ----------------------------------------------------------------
-
-
-def filesystem_of(path: Path) -> str:
-    """The type of the filesystem holding ``path`` (from /proc/mounts), or 'unknown'."""
-    try:
-        mounts = Path("/proc/mounts").read_text().splitlines()
-    except OSError:
-        return "unknown"
-    real = os.path.realpath(path)
-    best, fstype = "", "unknown"
-    for line in mounts:
-        fields = line.split()
-        if len(fields) < 3:
-            continue
-        point = fields[1].replace("\\040", " ")
-        inside = real == point or real.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= len(best):
-            best, fstype = point, fields[2]
-    return fstype
-
-
-def scratch_dir(requested: str | None, prefix: str = "w40-") -> Path:
-    """A fresh temporary directory on a real disk."""
-    candidates = [Path(requested)] if requested else [Path(tempfile.gettempdir()), REPO / "bench"]
-    for base in candidates:
-        base.mkdir(parents=True, exist_ok=True)
-        fstype = filesystem_of(base)
-        if fstype in RAM_FILESYSTEMS:
-            if requested:
-                raise SystemExit(f"--tmp-dir {base} is on {fstype}; fsync would not be real")
-            continue
-        return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
-    raise SystemExit("no directory on a real disk found; pass --tmp-dir")
-
-
-def sync_latency(work: Path, samples: int) -> dict[str, Any]:
-    """What one fsync / fdatasync of a 4 KiB append costs on this disk: the price of each commit
-    that full durability makes durable (SQLite syncs its WAL with fdatasync on Linux)."""
-    path = work / "sync-probe"
-    figures: dict[str, Any] = {}
-    calls = [("fsync", os.fsync)]
-    if hasattr(os, "fdatasync"):
-        calls.append(("fdatasync", os.fdatasync))
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        for name, sync in calls:
-            times: list[float] = []
-            for _ in range(samples):
-                os.write(fd, b"x" * 4096)
-                t0 = time.perf_counter_ns()
-                sync(fd)
-                times.append((time.perf_counter_ns() - t0) / 1e3)
-            figures[f"{name}_us_median"] = round(statistics.median(times), 1)
-            figures[f"{name}_us_p95"] = round(percentile(times, 95), 1)
-    finally:
-        os.close(fd)
-        path.unlink()
-    figures.setdefault("fdatasync_us_median", figures["fsync_us_median"])
-    figures.setdefault("fdatasync_us_p95", figures["fsync_us_p95"])
-    return figures
-
-
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        )
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "src"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() + ("+dirty-src" if dirty.stdout.strip() else "")
-
-
-def machine_info(work: Path, plan: Plan) -> dict[str, Any]:
-    return {
-        "cpu_count": os.cpu_count(),
-        "python_version": platform.python_version(),
-        "python_implementation": platform.python_implementation(),
-        "sqlite_version": sqlite3.sqlite_version,
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "durabl_version": durabl.__version__,
-        "git_commit": git_commit(),
-        "scratch_dir": str(work),
-        "scratch_filesystem": filesystem_of(work),
-        **sync_latency(work, plan.fsync_samples),
-    }
-
-
 # -- the report -----------------------------------------------------------------------------
 
 
@@ -987,82 +860,68 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+def measure(work: Path, quick: bool) -> Report:
+    plan = QUICK if quick else FULL
+    report: Report = {
+        **header("W40", SCHEMA, quick, work, plan.fsync_samples),
+        "workload": {
+            "steps": STEPS,
+            "model_calls": 1,
+            "tool_calls": TOOL_CALLS,
+            "tool_result_bytes": len(
+                json.dumps(Outbox(work / "probe.txt")(0, TOPIC), separators=(",", ":"))
+            ),
+        },
+        "repetitions": {
+            "warmup": plan.warmup,
+            "overhead": plan.overhead_reps,
+            "dry_replay": plan.replay_reps,
+            "resume": plan.resume_reps,
+            "scaling": plan.scaling_reps,
+            "profile_runs": plan.profile_runs,
+            "census_runs": plan.census_runs,
+        },
+    }
+    raw: dict[str, Any] = {}
+    report["overhead"], report["plain_loop"] = measure_overhead(work, plan, raw)
+    report["replay"] = measure_replay(work, plan)
+    report["resume_slope"] = measure_resume_slope(work, plan)
+    report["scaling"] = measure_scaling(work, plan, raw)
+    say("[4/5] census of store work per run")
+    report["census"] = {
+        label: census(
+            work,
+            label,
+            f["durability"],
+            None if f["tool_mode"] == "AT_MOST_ONCE" else f["tool_mode"],
+            plan.census_runs,
+        )
+        for label, f in report["overhead"].items()
+    }
+    sync_us = report["machine"]["fdatasync_us_median"]
+    for label, f in report["overhead"].items():
+        durable = report["census"][label]["durable_commits_per_run"]
+        f["durable_commits_per_run"] = durable
+        f["sync_floor_ms_per_step"] = round(durable * sync_us / STEPS / 1e3, 4)
+    say("[5/5] profiles (process mode): executing runs, resuming runs")
+    report["profile"] = {
+        "execute": profile_execution(work, plan),
+        "resume": profile_resume(work, plan),
+    }
+    report["targets"] = assess(report)
+    report["raw_run_us"] = raw
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(
-        "w40",
-        __doc__,
-        "a few repetitions of everything: exercises the code, figures are noise",
+    return harness.main(
         argv,
+        name="w40",
+        doc=__doc__,
+        quick_help="a few repetitions of everything: exercises the code, figures are noise",
+        measure=measure,
+        render=render,
     )
-
-    plan = QUICK if args.quick else FULL
-    started = time.perf_counter()
-    work = scratch_dir(args.tmp_dir)
-    try:
-        report: dict[str, Any] = {
-            "benchmark": "W40",
-            "schema": SCHEMA,
-            "timestamp": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-            "quick": bool(args.quick),
-            "machine": machine_info(work, plan),
-            "workload": {
-                "steps": STEPS,
-                "model_calls": 1,
-                "tool_calls": TOOL_CALLS,
-                "tool_result_bytes": len(
-                    json.dumps(Outbox(work / "probe.txt")(0, TOPIC), separators=(",", ":"))
-                ),
-            },
-            "repetitions": {
-                "warmup": plan.warmup,
-                "overhead": plan.overhead_reps,
-                "dry_replay": plan.replay_reps,
-                "resume": plan.resume_reps,
-                "scaling": plan.scaling_reps,
-                "profile_runs": plan.profile_runs,
-                "census_runs": plan.census_runs,
-            },
-        }
-        raw: dict[str, Any] = {}
-        report["overhead"], report["plain_loop"] = measure_overhead(work, plan, raw)
-        report["replay"] = measure_replay(work, plan)
-        report["resume_slope"] = measure_resume_slope(work, plan)
-        report["scaling"] = measure_scaling(work, plan, raw)
-        _say("[4/5] census of store work per run")
-        report["census"] = {
-            label: census(
-                work,
-                label,
-                f["durability"],
-                None if f["tool_mode"] == "AT_MOST_ONCE" else f["tool_mode"],
-                plan.census_runs,
-            )
-            for label, f in report["overhead"].items()
-        }
-        sync_us = report["machine"]["fdatasync_us_median"]
-        for label, f in report["overhead"].items():
-            durable = report["census"][label]["durable_commits_per_run"]
-            f["durable_commits_per_run"] = durable
-            f["sync_floor_ms_per_step"] = round(durable * sync_us / STEPS / 1e3, 4)
-        _say("[5/5] profiles (process mode): executing runs, resuming runs")
-        report["profile"] = {
-            "execute": profile_execution(work, plan),
-            "resume": profile_resume(work, plan),
-        }
-        report["targets"] = assess(report)
-        report["raw_run_us"] = raw
-        report["elapsed_s"] = round(time.perf_counter() - started, 1)
-    finally:
-        release_scratch(work, args.keep)
-
-    out = write_json(args.out, report)
-    print(render(report))
-    print(f"\nwrote {out} in {report['elapsed_s']} s")
-    return 0
 
 
 if __name__ == "__main__":

@@ -42,10 +42,8 @@ Databases live in a temporary directory on a real disk (never tmpfs: fsync must 
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
-import platform
 import random
 import re
 import signal
@@ -60,15 +58,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import durabl
-from bench.output import parse_args, release_scratch, write_json
-from bench.w40 import filesystem_of, git_commit, percentile, scratch_dir, sync_latency
+from bench import harness
+from bench.harness import REPO, Report, header, percentile, say, summary, sync_times_us
 from bench.workload import EXPECTED, OUTBOX_ENV, SLEEP_ENV, STEPS, TOOL_CALLS, TOPIC
 from durabl import leases
 
 SCHEMA = 1
 """Version of the layout of the JSON this script writes."""
-REPO = Path(__file__).resolve().parent.parent
 APP = "bench.worker_app"
 CONCURRENCY = 1
 """Runs each worker process drives at once."""
@@ -574,7 +570,7 @@ def measure_throughput(work: Path, plan: Plan) -> tuple[dict[str, Any], int]:
     started = time.monotonic()
     for rep in range(plan.throughput_reps):
         if rep and time.monotonic() - started > plan.throughput_budget_s:
-            _say(f"  time budget spent: {rep} round(s) of {plan.throughput_reps}")
+            say(f"  time budget spent: {rep} round(s) of {plan.throughput_reps}")
             break
         rounds += 1
         shift = rep % len(configs)
@@ -582,7 +578,7 @@ def measure_throughput(work: Path, plan: Plan) -> tuple[dict[str, Any], int]:
             sample = throughput_once(work, plan, durability, workers, rep)
             samples[(durability, workers)].append(sample)
             done += 1
-            _say(
+            say(
                 f"  [{done}/{total}] {durability:<7} {workers} worker(s): "
                 f"{sample['runs_per_s']:.1f} runs/s, {sample['steps_per_s']:.0f} steps/s, "
                 f"runs per worker {sample['runs_by_worker']}"
@@ -660,7 +656,7 @@ class Takeover:
             for rep in range(case.reps):
                 sample = self.once(rep)
                 samples.append(sample)
-                _say(
+                say(
                     f"  {case.label} [{rep + 1}/{case.reps}]: killed after "
                     f"{sample['steps_done_at_kill']} steps; taken over in "
                     f"{sample['latency_s'] * 1e3:.0f} ms"
@@ -795,53 +791,15 @@ def measure_takeover(work: Path, plan: Plan) -> dict[str, Any]:
 # -- the report -----------------------------------------------------------------------------
 
 
-def summary(values: Sequence[float], digits: int = 4) -> dict[str, Any]:
-    return {
-        "median": round(statistics.median(values), digits),
-        "p95": round(percentile(values, 95), digits),
-        "min": round(min(values), digits),
-        "max": round(max(values), digits),
-        "mean": round(statistics.fmean(values), digits),
-        "n": len(values),
-    }
-
-
 def disk_probe(work: Path, samples: int) -> dict[str, Any]:
     """4 KiB append + fdatasync, ``samples`` times. The mean shows what the median hides: a
     virtual disk that throttles sustained syncing stalls some of them for milliseconds."""
-    path = work / "sync-probe"
-    times: list[float] = []
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        for _ in range(samples):
-            os.write(fd, b"x" * 4096)
-            t0 = time.perf_counter_ns()
-            os.fdatasync(fd)
-            times.append((time.perf_counter_ns() - t0) / 1e3)
-    finally:
-        os.close(fd)
-        path.unlink()
+    times = sync_times_us(work, os.fdatasync, samples)
     return {
         "fdatasync_us_median": round(statistics.median(times), 1),
         "fdatasync_us_p95": round(percentile(times, 95), 1),
         "fdatasync_us_mean": round(statistics.fmean(times), 1),
         "samples": samples,
-    }
-
-
-def machine_info(work: Path, plan: Plan) -> dict[str, Any]:
-    return {
-        "cpu_count": os.cpu_count(),
-        "python_version": platform.python_version(),
-        "python_implementation": platform.python_implementation(),
-        "sqlite_version": sqlite3.sqlite_version,
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "durabl_version": durabl.__version__,
-        "git_commit": git_commit(),
-        "scratch_dir": str(work),
-        "scratch_filesystem": filesystem_of(work),
-        **sync_latency(work, plan.fsync_samples),
     }
 
 
@@ -906,68 +864,55 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+def measure(work: Path, quick: bool) -> Report:
+    plan = QUICK if quick else FULL
+    report: Report = {
+        **header("workers", SCHEMA, quick, work, plan.fsync_samples),
+        "workload": {
+            "runs": plan.runs,
+            "steps_per_run": STEPS,
+            "model_calls": 1,
+            "tool_calls": TOOL_CALLS,
+            "worker_concurrency": CONCURRENCY,
+            "throughput_tool": "W40's outbox, a bare callable (AT_MOST_ONCE)",
+            "takeover_tool": "W40's outbox keyed by durabl's idempotency key, IDEMPOTENT, "
+            "sleeping step_sleep_s before each call",
+            "launcher": {d: launcher(d) for d in plan.durabilities},
+            "runs_created_by": "a setup process that dies at after_run_started",
+        },
+        "repetitions": {
+            "throughput": plan.throughput_reps,
+            "throughput_planned": plan.throughput_reps,
+            "throughput_budget_s": plan.throughput_budget_s,
+            "takeover": {case.label: case.reps for case in plan.takeover},
+        },
+    }
+    say(f"[1/2] throughput: {plan.runs} runs, {plan.worker_counts} worker processes")
+    report["disk"] = {"before_throughput": disk_probe(work, plan.fsync_samples)}
+    report["throughput"], rounds = measure_throughput(work, plan)
+    report["repetitions"]["throughput"] = rounds
+    report["disk"]["after_throughput"] = disk_probe(work, plan.fsync_samples)
+    say("[2/2] takeover after SIGKILL")
+    report["takeover"] = measure_takeover(work, plan)
+    cases = report["takeover"]["cases"]
+    sections = [f for by_n in report["throughput"].values() for f in by_n.values()] + cases
+    report["checks"] = {
+        "effects_exactly_once": all(f["effects_exactly_once"] for f in sections),
+        "logs_gapless": all(f["logs_gapless"] for f in sections),
+        "taken_over_before_lease_expiry": all(c["taken_over_before_lease_expiry"] for c in cases),
+    }
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(
-        "workers", __doc__, "few runs and repetitions: exercises the code, figures are noise", argv
+    return harness.main(
+        argv,
+        name="workers",
+        doc=__doc__,
+        quick_help="few runs and repetitions: exercises the code, figures are noise",
+        measure=measure,
+        render=render,
     )
-
-    plan = QUICK if args.quick else FULL
-    started = time.perf_counter()
-    work = scratch_dir(args.tmp_dir, prefix="workers-")
-    try:
-        report: dict[str, Any] = {
-            "benchmark": "workers",
-            "schema": SCHEMA,
-            "timestamp": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-            "quick": bool(args.quick),
-            "machine": machine_info(work, plan),
-            "workload": {
-                "runs": plan.runs,
-                "steps_per_run": STEPS,
-                "model_calls": 1,
-                "tool_calls": TOOL_CALLS,
-                "worker_concurrency": CONCURRENCY,
-                "throughput_tool": "W40's outbox, a bare callable (AT_MOST_ONCE)",
-                "takeover_tool": "W40's outbox keyed by durabl's idempotency key, IDEMPOTENT, "
-                "sleeping step_sleep_s before each call",
-                "launcher": {d: launcher(d) for d in plan.durabilities},
-                "runs_created_by": "a setup process that dies at after_run_started",
-            },
-            "repetitions": {
-                "throughput": plan.throughput_reps,
-                "throughput_planned": plan.throughput_reps,
-                "throughput_budget_s": plan.throughput_budget_s,
-                "takeover": {case.label: case.reps for case in plan.takeover},
-            },
-        }
-        _say(f"[1/2] throughput: {plan.runs} runs, {plan.worker_counts} worker processes")
-        report["disk"] = {"before_throughput": disk_probe(work, plan.fsync_samples)}
-        report["throughput"], rounds = measure_throughput(work, plan)
-        report["repetitions"]["throughput"] = rounds
-        report["disk"]["after_throughput"] = disk_probe(work, plan.fsync_samples)
-        _say("[2/2] takeover after SIGKILL")
-        report["takeover"] = measure_takeover(work, plan)
-        cases = report["takeover"]["cases"]
-        sections = [f for by_n in report["throughput"].values() for f in by_n.values()] + cases
-        report["checks"] = {
-            "effects_exactly_once": all(f["effects_exactly_once"] for f in sections),
-            "logs_gapless": all(f["logs_gapless"] for f in sections),
-            "taken_over_before_lease_expiry": all(
-                c["taken_over_before_lease_expiry"] for c in cases
-            ),
-        }
-        report["elapsed_s"] = round(time.perf_counter() - started, 1)
-    finally:
-        release_scratch(work, args.keep)
-
-    out = write_json(args.out, report)
-    print(render(report))
-    print(f"\nwrote {out} in {report['elapsed_s']} s")
-    return 0
 
 
 if __name__ == "__main__":
