@@ -44,10 +44,12 @@ import statistics
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from bench import harness
 from bench.harness import (
@@ -584,6 +586,20 @@ class _CountingConnection:
         return getattr(self._real, name)
 
 
+@contextmanager
+def counting_statements(issued: Counter[str]) -> Iterator[None]:
+    """While inside, every SQLite connection opened counts in ``issued`` the statements it is
+    handed: a runtime opened here has its store's connection counted without anything reaching
+    into the store for it."""
+    real = sqlite3.connect
+
+    def connect(*args: Any, **kwargs: Any) -> Any:
+        return _CountingConnection(real(*args, **kwargs), issued)
+
+    with mock.patch.object(sqlite3, "connect", connect):
+        yield
+
+
 class StoreTally:
     """What a runtime asks of its store: calls per store method (durable commits apart), the SQL
     statements its connection is handed, by kind, and the time spent inside the store methods
@@ -598,14 +614,6 @@ class StoreTally:
         """From now on, count and time every call of the store's ``STORE_METHODS``."""
         for name in STORE_METHODS:
             setattr(store, name, self._counted(name, getattr(store, name)))
-
-    def count_statements(self, store: Any) -> None:
-        """From now on, count the SQL statements the store's connection is handed."""
-        conn_attr = next(
-            (k for k, v in vars(store).items() if isinstance(v, sqlite3.Connection)), None
-        )
-        if conn_attr is not None:
-            setattr(store, conn_attr, _CountingConnection(getattr(store, conn_attr), self.issued))
 
     def _counted(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -643,11 +651,12 @@ def census(
     run's wall time spent inside the store."""
     db = work / f"census_{label}.db"
     tally = StoreTally()
-    rt = make_runtime(db, durability, Outbox(work / f"census_{label}.txt"), tool_mode)
+    with counting_statements(tally.issued):
+        rt = make_runtime(db, durability, Outbox(work / f"census_{label}.txt"), tool_mode)
     try:
         rt.start(w40, {"topic": TOPIC})  # warm-up, uncounted
+        tally.issued.clear()
         tally.count_calls(rt.store)
-        tally.count_statements(rt.store)
         wal_bytes, page_size, run_ns = time_census_runs(rt, db, runs)
     finally:
         rt.close()
