@@ -42,12 +42,12 @@ Databases live in a temporary directory on a real disk (never tmpfs: fsync must 
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import random
 import re
 import signal
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -61,7 +61,9 @@ from typing import Any
 from bench import harness
 from bench.harness import REPO, Report, header, percentile, say, summary, sync_times_us
 from bench.workload import EXPECTED, OUTBOX_ENV, SLEEP_ENV, STEPS, TOOL_CALLS, TOPIC
-from durabl import leases
+from durabl import Runtime
+from durabl.events import Event
+from durabl.store import RunRow, SQLiteStore
 
 SCHEMA = 1
 """Version of the layout of the JSON this script writes."""
@@ -70,6 +72,8 @@ CONCURRENCY = 1
 """Runs each worker process drives at once."""
 DEFAULT_POLL_S = 1.0
 """The command line's default ``--poll``."""
+LEASE_S: float = inspect.signature(Runtime).parameters["lease_s"].default
+"""The lease a worker holds on a run: workers build their runtime with the default ``lease_s``."""
 
 
 @dataclass(frozen=True)
@@ -158,20 +162,19 @@ print(json.dumps(made))
 """Creates runs and leaves each RUNNING with this (soon dead) process as its lease owner."""
 
 SERVE = """
-import sys
-from durabl import cli
-from durabl.runtime import Runtime
-db, durability, poll, concurrency = sys.argv[1:5]
-import logging
+import logging, sys
+from durabl import Runtime, cli
+db, durability, poll, concurrency, app = sys.argv[1:6]
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-options = cli.load_modules([sys.argv[5]])
+options = cli.load_modules([app])
 args = cli.build_parser().parse_args(
     ["--db", db, "worker", "--poll", poll, "--concurrency", concurrency]
 )
 with Runtime(db, durability=durability, **options) as rt:
-    raise SystemExit(cli._worker(args, rt))
+    raise SystemExit(args.handler(args, rt))
 """
-"""``durabl worker`` on a runtime of the given durability (the command line has no flag for it)."""
+"""``durabl worker`` on a runtime of the given durability, which the command line has no flag
+for: its own parser picks the worker command's handler, called the way its ``main`` calls it."""
 
 STOPPED = re.compile(r"worker stopped: (\d+) drives, (\d+) runs completed")
 
@@ -352,46 +355,51 @@ class Worker:
 
 
 class Monitor:
-    """A read-only view of the database while workers write to it."""
+    """The database while workers write to it, read through a read-only store, the way the
+    command line reads it. A run's log is read on from where the last look stopped: the
+    takeover case looks every few milliseconds, and a look must cost next to nothing."""
 
     def __init__(self, db: Path) -> None:
-        self.conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, isolation_level=None)
-        self.conn.execute("PRAGMA busy_timeout = 10000")
+        self.store = SQLiteStore(db, read_only=True)
+        self._logs: dict[str, list[Event]] = {}
 
     def close(self) -> None:
-        self.conn.close()
-
-    def rows(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-        return self.conn.execute(sql, params).fetchall()
+        self.store.close()
 
     def statuses(self) -> Counter[str]:
-        return Counter(dict(self.rows("SELECT status, COUNT(*) FROM runs GROUP BY status")))
+        return Counter(row.status for row in self.store.list_runs())
+
+    def run(self, run_id: str) -> RunRow:
+        row = self.store.get_run(run_id)
+        if row is None:
+            raise BenchError(f"no run {run_id} in {self.store.path}")
+        return row
 
     def status(self, run_id: str) -> str:
-        return str(self.rows("SELECT status FROM runs WHERE run_id = ?", run_id)[0][0])
+        return self.run(run_id).status
+
+    def log(self, run_id: str) -> list[Event]:
+        seen = self._logs.setdefault(run_id, [])
+        seen += self.store.load_log(run_id, seen[-1].seq if seen else 0)
+        return seen
 
     def resumes(self, run_id: str) -> list[tuple[int, float, dict[str, Any]]]:
-        found = self.rows(
-            "SELECT seq, at_s, data FROM events WHERE run_id = ? AND kind = 'RUN_RESUMED' "
-            "ORDER BY seq",
-            run_id,
-        )
-        return [(seq, at_s, json.loads(data)) for seq, at_s, data in found]
+        return [
+            (e.seq, e.at_s, json.loads(e.data or "{}"))
+            for e in self.log(run_id)
+            if e.kind == "RUN_RESUMED"
+        ]
 
     def completed_steps(self, run_id: str, after_seq: int = 0) -> list[tuple[int, float]]:
         return [
-            (seq, at_s)
-            for seq, at_s in self.rows(
-                "SELECT seq, at_s FROM events WHERE run_id = ? AND kind = 'STEP_COMPLETED' "
-                "AND seq > ? ORDER BY seq",
-                run_id,
-                after_seq,
-            )
+            (e.seq, e.at_s)
+            for e in self.log(run_id)
+            if e.kind == "STEP_COMPLETED" and e.seq > after_seq
         ]
 
     def lease_expires_s(self, run_id: str) -> float | None:
-        value = self.rows("SELECT lease_expires_s FROM runs WHERE run_id = ?", run_id)[0][0]
-        return None if value is None else float(value)
+        lease = self.run(run_id).lease
+        return None if lease is None else lease.expires_s
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout_s: float, every_s: float = 0.005) -> Any:
@@ -407,19 +415,7 @@ def wait_for(what: str, check: Callable[[], Any], timeout_s: float, every_s: flo
 
 def verify(db: Path, outbox: Path, run_ids: Sequence[str], *, keyed: bool) -> dict[str, Any]:
     """Every run COMPLETED with W40's result, every log gapless, every effect exactly once."""
-    mon = Monitor(db)
-    try:
-        runs = {
-            run_id: (status, result)
-            for run_id, status, result in mon.rows("SELECT run_id, status, result FROM runs")
-        }
-        log: dict[str, list[tuple[int, str, str | None, float]]] = {}
-        for run_id, seq, kind, data, at_s in mon.rows(
-            "SELECT run_id, seq, kind, data, at_s FROM events ORDER BY run_id, seq"
-        ):
-            log.setdefault(run_id, []).append((seq, kind, data, at_s))
-    finally:
-        mon.close()
+    runs, logs = read_back(db)
     if set(runs) != set(run_ids):
         raise BenchError(f"the database holds {len(runs)} runs, expected {len(run_ids)}")
     resumed_by: Counter[int] = Counter()
@@ -427,29 +423,63 @@ def verify(db: Path, outbox: Path, run_ids: Sequence[str], *, keyed: bool) -> di
     dispatches = 0
     first_resumed_s, last_completed_s = float("inf"), 0.0
     for run_id in run_ids:
-        status, result = runs[run_id]
-        if status != "COMPLETED" or json.loads(result) != EXPECTED:
-            raise BenchError(f"run {run_id} is {status} with result {result}")
-        events = log.get(run_id, [])
-        seqs = [e[0] for e in events]
-        if seqs != list(range(1, len(events) + 1)):
-            raise BenchError(f"run {run_id}: the log is not gapless: seqs {seqs}")
-        kinds = Counter(e[1] for e in events)
-        if (
-            kinds["RUN_STARTED"] != 1
-            or kinds["RUN_COMPLETED"] != 1
-            or events[-1][1] != ("RUN_COMPLETED")
-        ):
-            raise BenchError(f"run {run_id}: unexpected log shape {dict(kinds)}")
-        if kinds["STEP_COMPLETED"] != STEPS:
-            raise BenchError(f"run {run_id}: {kinds['STEP_COMPLETED']} steps completed")
-        dispatches += kinds["TOOL_DISPATCHED"]
-        resumes = [e for e in events if e[1] == "RUN_RESUMED"]
+        events = check_log(runs[run_id], logs[run_id])
+        dispatches += sum(1 for e in events if e.kind == "TOOL_DISPATCHED")
+        resumes = [e for e in events if e.kind == "RUN_RESUMED"]
         resumes_per_run[len(resumes)] += 1
-        for _, _, data, at_s in resumes:
-            resumed_by[json.loads(data or "{}")["pid"]] += 1
-            first_resumed_s = min(first_resumed_s, at_s)
-        last_completed_s = max(last_completed_s, events[-1][3])
+        for e in resumes:
+            resumed_by[json.loads(e.data or "{}")["pid"]] += 1
+            first_resumed_s = min(first_resumed_s, e.at_s)
+        last_completed_s = max(last_completed_s, events[-1].at_s)
+    return {
+        "runs": len(run_ids),
+        "events": sum(len(log) for log in logs.values()),
+        "effects": check_outbox(outbox, run_ids, keyed=keyed),
+        "effects_exactly_once": True,
+        "logs_gapless": True,
+        "tool_dispatches": dispatches,
+        "runs_by_resume_count": {str(k): v for k, v in sorted(resumes_per_run.items())},
+        "runs_by_pid": dict(resumed_by),
+        "first_resumed_s": first_resumed_s,
+        "last_completed_s": last_completed_s,
+    }
+
+
+def read_back(db: Path) -> tuple[dict[str, RunRow], dict[str, list[Event]]]:
+    """Every run's row and whole log, through a read-only store (which checks every event's
+    checksum on the way)."""
+    store = SQLiteStore(db, read_only=True)
+    try:
+        runs = {row.run_id: row for row in store.list_runs()}
+        return runs, {run_id: store.load_log(run_id) for run_id in runs}
+    finally:
+        store.close()
+
+
+def check_log(row: RunRow, events: list[Event]) -> list[Event]:
+    """The run finished with W40's result, and its log is whole: seqs 1..N with no gap, one
+    RUN_STARTED, every step completed, RUN_COMPLETED last."""
+    run_id = row.run_id
+    if row.status != "COMPLETED" or json.loads(row.result_text or "null") != EXPECTED:
+        raise BenchError(f"run {run_id} is {row.status} with result {row.result_text}")
+    seqs = [e.seq for e in events]
+    if seqs != list(range(1, len(events) + 1)):
+        raise BenchError(f"run {run_id}: the log is not gapless: seqs {seqs}")
+    kinds = Counter(e.kind for e in events)
+    if (
+        kinds["RUN_STARTED"] != 1
+        or kinds["RUN_COMPLETED"] != 1
+        or events[-1].kind != "RUN_COMPLETED"
+    ):
+        raise BenchError(f"run {run_id}: unexpected log shape {dict(kinds)}")
+    if kinds["STEP_COMPLETED"] != STEPS:
+        raise BenchError(f"run {run_id}: {kinds['STEP_COMPLETED']} steps completed")
+    return events
+
+
+def check_outbox(outbox: Path, run_ids: Sequence[str], *, keyed: bool) -> int:
+    """One line per tool call of every run, no more and no fewer (and, when the tool is keyed,
+    no key twice): the effects happened exactly once. Returns the number of effects."""
     lines = outbox.read_text(encoding="utf-8").splitlines()
     if keyed:
         keys = Counter(line.split("\t", 1)[0] for line in lines)
@@ -465,18 +495,7 @@ def verify(db: Path, outbox: Path, run_ids: Sequence[str], *, keyed: bool) -> di
             f"the outbox is not one line per tool call: {sum(missing.values())} missing, "
             f"{sum(extra.values())} extra (e.g. {list(missing or extra)[:3]})"
         )
-    return {
-        "runs": len(run_ids),
-        "events": sum(len(v) for v in log.values()),
-        "effects": sum(effects.values()),
-        "effects_exactly_once": True,
-        "logs_gapless": True,
-        "tool_dispatches": dispatches,
-        "runs_by_resume_count": {str(k): v for k, v in sorted(resumes_per_run.items())},
-        "runs_by_pid": dict(resumed_by),
-        "first_resumed_s": first_resumed_s,
-        "last_completed_s": last_completed_s,
-    }
+    return sum(effects.values())
 
 
 # -- part 1: throughput ---------------------------------------------------------------------
@@ -762,7 +781,7 @@ class Takeover:
             "latency_max_over_poll": round(max(latencies) / case.poll_s, 3)
             if case.standby == "running"
             else None,
-            "lease_s": leases.LEASE_S,
+            "lease_s": LEASE_S,
             "lease_left_at_kill_s_min": round(min(lease_left), 3) if lease_left else None,
             "taken_over_before_lease_expiry": all(
                 s["latency_s"] < (s["lease_left_at_kill_s"] or 0) for s in samples
@@ -779,7 +798,7 @@ class Takeover:
 def measure_takeover(work: Path, plan: Plan) -> dict[str, Any]:
     rng = random.Random(7)
     return {
-        "lease_s": leases.LEASE_S,
+        "lease_s": LEASE_S,
         "bound": "On one host a lease whose owner pid is gone is taken at once, without waiting "
         "for its expiry; a worker already running notices at its next look for runs (every "
         "poll_s), a worker started after the kill looks as it starts. latency_s runs from the "
@@ -834,7 +853,7 @@ def render(report: dict[str, Any]) -> str:
     lines += [
         "",
         f"Takeover after SIGKILL (kill -> the second worker's first event; lease "
-        f"{leases.LEASE_S:g} s; tool sleeps {report['takeover']['cases'][0]['step_sleep_s']} s "
+        f"{LEASE_S:g} s; tool sleeps {report['takeover']['cases'][0]['step_sleep_s']} s "
         f"per call)",
         f"  {'case':<36}{'reps':>5}{'median ms':>11}{'p95 ms':>9}{'max ms':>9}{'max/poll':>10}"
         f"{'lease left':>12}",
