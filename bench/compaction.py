@@ -51,6 +51,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import sqlite3
 import statistics
@@ -476,6 +477,10 @@ def lease_token_read_us(db: Path, reps: int = 50) -> float:
     return round(statistics.median(times), 1)
 
 
+LEASE_CYCLE = ("take_lease", "renew_lease", "release_lease")
+"""The store's statements that touch the run's row on every drive, by their names in ``Q``."""
+
+
 def lease_cycle_cost(db: Path, scratch: Path) -> dict[str, dict[str, float]]:
     """What the run's row costs to update: the store's own take / renew / release lease
     statements, in that order, on a throwaway copy through a plain connection with WAL
@@ -484,24 +489,17 @@ def lease_cycle_cost(db: Path, scratch: Path) -> dict[str, dict[str, float]]:
     copy_db(db, scratch)
     wal = Path(f"{scratch}-wal")
     conn = sqlite3.connect(scratch, isolation_level=None)
-    now_s = time.time()
     try:
         conn.execute("PRAGMA journal_mode = WAL").fetchall()
         conn.execute("PRAGMA wal_autocheckpoint = 0").fetchall()
-        token = conn.execute("SELECT lease_token FROM runs WHERE run_id = ?", (RUN_ID,)).fetchone()
-        owner = uuid.uuid4().hex
-        steps = {
-            "take_lease": (
-                Q["take_lease"],
-                (owner, os.getpid(), platform.node(), "12345", now_s + 15.25, RUN_ID, token[0]),
-            ),
-            "renew_lease": (Q["renew_lease"], (now_s + 20.75, RUN_ID, token[0] + 1, owner)),
-            "release_lease": (Q["release_lease"], (RUN_ID, token[0] + 1)),
-        }
+        (token,) = conn.execute(
+            "SELECT lease_token FROM runs WHERE run_id = ?", (RUN_ID,)
+        ).fetchone()
         cost: dict[str, dict[str, float]] = {}
-        for name, (sql, params) in steps.items():
+        for name, values in lease_cycle(token).items():
+            sql = Q[name]
             wal_before = wal.stat().st_size if wal.exists() else 0
-            ns, cursor = timed(partial(conn.execute, sql, params))
+            ns, cursor = timed(partial(conn.execute, sql, bind(sql, values)))
             if cursor.rowcount != 1:
                 raise AssertionError(f"{name} changed {cursor.rowcount} rows")
             wal_after = wal.stat().st_size if wal.exists() else 0
@@ -511,6 +509,37 @@ def lease_cycle_cost(db: Path, scratch: Path) -> dict[str, dict[str, float]]:
     for suffix in ("", "-wal", "-shm"):
         Path(f"{scratch}{suffix}").unlink(missing_ok=True)
     return cost
+
+
+def lease_cycle(token: int) -> dict[str, dict[str, Any]]:
+    """The parameters of one take, renewal and release of the run's lease (found at fencing
+    token ``token``) by a made-up owner, keyed by the column each one sets or matches."""
+    owner, now_s = uuid.uuid4().hex, time.time()
+    return {
+        "take_lease": {
+            "lease_owner": owner,
+            "lease_pid": os.getpid(),
+            "lease_host": platform.node(),
+            "lease_started": "12345",
+            "lease_expires_s": now_s + 15.25,
+            "run_id": RUN_ID,
+            "lease_token": token,
+        },
+        "renew_lease": {
+            "lease_expires_s": now_s + 20.75,
+            "run_id": RUN_ID,
+            "lease_token": token + 1,
+            "lease_owner": owner,
+        },
+        "release_lease": {"run_id": RUN_ID, "lease_token": token + 1},
+    }
+
+
+def bind(sql: str, values: dict[str, Any]) -> dict[str, Any] | tuple[Any, ...]:
+    """``values`` as ``sql`` takes them. The store's statements are moving from ``?`` to named
+    parameters: a statement that names its parameters takes the dict; one still on ``?`` takes
+    the values in the dict's order, which ``lease_cycle`` writes in the statement's."""
+    return values if re.search(r"[:@$][A-Za-z_]", sql) else tuple(values.values())
 
 
 def measure_resume(rep_dir: Path, plan: Plan, expected: Any, left: int) -> dict[str, Any]:
@@ -773,7 +802,7 @@ def resume_figures(reps: list[dict[str, Any]], part: str, steps: int) -> dict[st
                         [r[part]["lease_cycle"][name][op]["wal_bytes"] for r in reps], 0
                     ),
                 }
-                for op in ("take_lease", "renew_lease", "release_lease")
+                for op in LEASE_CYCLE
             },
             "auto_vacuum": reps[0][part]["files"][name]["auto_vacuum"],
         }
@@ -869,7 +898,7 @@ def render(report: dict[str, Any]) -> str:
             f"{r['before']['lease_cycle'][op]['wal_bytes_median'] / 1e3:.0f} kB of WAL before; "
             f"{r['after']['lease_cycle'][op]['ms_median']} ms, "
             f"{r['after']['lease_cycle'][op]['wal_bytes_median'] / 1e3:.0f} kB after compaction"
-            for op in ("take_lease", "renew_lease", "release_lease")
+            for op in LEASE_CYCLE
         ],
         f"  first reclaim: {report['size']['reclaim_path']} (auto_vacuum "
         f"{report['size']['auto_vacuum']} on a new file, "
