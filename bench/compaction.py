@@ -65,16 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import harness
-from bench.harness import (
-    Report,
-    header,
-    median_of,
-    percentile,
-    quick_mark,
-    rotations,
-    say,
-    timed,
-)
+from bench.harness import Report, median_of, percentile, rotations, say, timed
 from durabl import ModelCall, Runtime, ToolCall, workflow
 from durabl.crashpoints import BEFORE_STEP_STARTED, CrashAt, ProcessDeath
 from durabl.replay import History
@@ -898,7 +889,7 @@ def _size_lines(report: Report) -> list[str]:
     return [
         f"Compaction of a {w['steps']}-step run ({w['model_calls']} ModelCalls + "
         f"{w['tool_calls']} ToolCalls, durability {w['durability']}, "
-        f"{report['repetitions']['databases']} fresh database(s)){quick_mark(report)}",
+        f"{report['repetitions']['databases']} fresh database(s)){harness.quick_mark(report)}",
         f"  file: {s['before_bytes_median'] / 1e6:.2f} MB before, "
         f"{s['after_keep_last_0_bytes_median'] / 1e6:.2f} MB after keep_last=0 "
         f"(x{s['after_keep_last_0_over_before']}), "
@@ -963,7 +954,7 @@ def measure(work: Path, quick: bool) -> Report:
     plan = QUICK if quick else FULL
     expected = plain_agent(plan.steps)
     report: Report = {
-        **header("compaction", SCHEMA, quick, work, plan.fsync_samples),
+        **harness.header("compaction", SCHEMA, quick, work, plan.fsync_samples),
         "workload": workload_info(plan),
         "repetitions": {
             "databases": plan.databases,

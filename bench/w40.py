@@ -52,16 +52,7 @@ from typing import Any
 from unittest import mock
 
 from bench import harness
-from bench.harness import (
-    Report,
-    header,
-    machine_line,
-    percentile,
-    quick_mark,
-    rotations,
-    say,
-    summary,
-)
+from bench.harness import Report, percentile, rotations, say, summary
 from bench.workload import (
     EXPECTED,
     STEPS,
@@ -884,8 +875,8 @@ def render(report: Report) -> str:
 def _header_lines(report: Report) -> list[str]:
     m = report["machine"]
     return [
-        f"W40 ({STEPS} steps: 1 ModelCall + {TOOL_CALLS} ToolCalls){quick_mark(report)}",
-        machine_line(m),
+        f"W40 ({STEPS} steps: 1 ModelCall + {TOOL_CALLS} ToolCalls){harness.quick_mark(report)}",
+        harness.machine_line(m),
         f"  scratch: {m['scratch_dir']} ({m['scratch_filesystem']}); 4 KiB append + fsync "
         f"{m['fsync_us_median']} us, + fdatasync {m['fdatasync_us_median']} us (medians)",
     ]
@@ -1000,7 +991,7 @@ def measure(work: Path, quick: bool) -> Report:
     plan = QUICK if quick else FULL
     probe = Outbox(work / "probe.txt")(0, TOPIC)
     report: Report = {
-        **header("W40", SCHEMA, quick, work, plan.fsync_samples),
+        **harness.header("W40", SCHEMA, quick, work, plan.fsync_samples),
         "workload": {
             "steps": STEPS,
             "model_calls": 1,

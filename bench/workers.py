@@ -59,18 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import harness
-from bench.harness import (
-    REPO,
-    Report,
-    header,
-    machine_line,
-    percentile,
-    quick_mark,
-    rotations,
-    say,
-    summary,
-    sync_times_us,
-)
+from bench.harness import Report, percentile, rotations, say, summary
 from bench.workload import EXPECTED, OUTBOX_ENV, SLEEP_ENV, STEPS, TOOL_CALLS, TOPIC
 from durabl import Runtime
 from durabl.events import Event
@@ -220,7 +209,7 @@ def launcher(durability: str) -> str:
 
 def bench_env(outbox: Path, step_sleep_s: float = 0.0) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DURABL_BENCH_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(harness.REPO), env.get("PYTHONPATH")]))
     env[OUTBOX_ENV] = str(outbox)
     if step_sleep_s > 0:
         env[SLEEP_ENV] = repr(step_sleep_s)
@@ -233,7 +222,7 @@ def create_runs(
     """Runs created by a process that is gone by the time this returns."""
     proc = subprocess.run(
         [sys.executable, "-c", SETUP, str(db), durability, prefix, str(first), str(count)],
-        cwd=REPO,
+        cwd=harness.REPO,
         env=env,
         capture_output=True,
         text=True,
@@ -279,7 +268,7 @@ class Worker:
         self.spawned_s = time.time()
         self.proc = subprocess.Popen(
             worker_argv(db, durability, poll_s),
-            cwd=REPO,
+            cwd=harness.REPO,
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -528,7 +517,7 @@ def check_outbox(outbox: Path, run_ids: Sequence[str], *, keyed: bool) -> int:
 def disk_probe(work: Path, samples: int) -> dict[str, Any]:
     """4 KiB append + fdatasync, ``samples`` times. The mean shows what the median hides: a
     virtual disk that throttles sustained syncing stalls some of them for milliseconds."""
-    times = sync_times_us(work, os.fdatasync, samples)
+    times = harness.sync_times_us(work, os.fdatasync, samples)
     return {
         "fdatasync_us_median": round(statistics.median(times), 1),
         "fdatasync_us_p95": round(percentile(times, 95), 1),
@@ -945,8 +934,8 @@ def _header_lines(report: Report) -> list[str]:
     d0, d1 = report["disk"]["before_throughput"], report["disk"]["after_throughput"]
     return [
         f"Workers: {w['runs']} W40 runs ({w['steps_per_run']} steps each) on one SQLite file"
-        f"{quick_mark(report)}",
-        machine_line(m),
+        f"{harness.quick_mark(report)}",
+        harness.machine_line(m),
         f"  scratch: {m['scratch_dir']} ({m['scratch_filesystem']}); 4 KiB append + fdatasync, "
         f"median / mean: {d0['fdatasync_us_median']:g} / {d0['fdatasync_us_mean']:g} us before "
         f"the throughput runs, {d1['fdatasync_us_median']:g} / {d1['fdatasync_us_mean']:g} us "
@@ -1018,7 +1007,7 @@ def _check_lines(checks: dict[str, Any]) -> list[str]:
 def measure(work: Path, quick: bool) -> Report:
     plan = QUICK if quick else FULL
     report: Report = {
-        **header("workers", SCHEMA, quick, work, plan.fsync_samples),
+        **harness.header("workers", SCHEMA, quick, work, plan.fsync_samples),
         "workload": {
             "runs": plan.runs,
             "steps_per_run": STEPS,
