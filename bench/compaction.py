@@ -47,11 +47,11 @@ Databases live in a temporary directory on a real disk (never tmpfs: fsync must 
 
 from __future__ import annotations
 
-import datetime as _dt
 import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import sqlite3
 import statistics
@@ -64,9 +64,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import durabl
-from bench.output import parse_args, release_scratch, write_json
-from bench.w40 import filesystem_of, git_commit, percentile, scratch_dir, sync_latency
+from bench import harness
+from bench.harness import Report, median_of, percentile, rotations, say, timed
 from durabl import ModelCall, Runtime, ToolCall, workflow
 from durabl.crashpoints import BEFORE_STEP_STARTED, CrashAt, ProcessDeath
 from durabl.replay import History
@@ -74,7 +73,6 @@ from durabl.store.sqlite import Q
 
 SCHEMA = 1
 """Version of the layout of the JSON this script writes."""
-REPO = Path(__file__).resolve().parent.parent
 RUN_ID = "compaction-bench"
 TASK = "How do sea otters use tools to open shellfish?"
 TOOL_NAME = "search_docs"
@@ -289,21 +287,9 @@ def copy_db(src: Path, dst: Path) -> Path:
     return dst
 
 
-def timed(fn: Callable[[], Any]) -> tuple[int, Any]:
-    t0 = time.perf_counter_ns()
-    value = fn()
-    return time.perf_counter_ns() - t0, value
-
-
 def load_history(agent: Agent) -> History:
     watermark, snapshot, log = agent.rt.store.load_history(RUN_ID)
     return History.from_events(RUN_ID, log, watermark=watermark, snapshot=snapshot)
-
-
-def rotating(items: Sequence[Any], rounds: int) -> list[list[Any]]:
-    """``rounds`` orders of ``items``, each starting one further along."""
-    n = len(items)
-    return [[*items[r % n :], *items[: r % n]] for r in range(rounds)]
 
 
 def same(label: str, before: Any, after: Any) -> None:
@@ -456,12 +442,12 @@ def measure_replay(
             for agent in agents.values():
                 agent.rt.replay(RUN_ID)
                 load_history(agent)
-        for round_ in rotating(order, plan.replay_reps):
+        for round_ in rotations(order, plan.replay_reps):
             for folded in round_:
                 ns, state = timed(partial(agents[folded].rt.replay, RUN_ID))
                 same(f"the dry replay ({folded} steps folded)", reference["replay"], state)
                 samples[folded]["replay"].append(ns)
-        for round_ in rotating(order, plan.load_reps):
+        for round_ in rotations(order, plan.load_reps):
             for folded in round_:
                 ns, history = timed(partial(load_history, agents[folded]))
                 if history.completed_positions() != plan.steps:
@@ -491,6 +477,10 @@ def lease_token_read_us(db: Path, reps: int = 50) -> float:
     return round(statistics.median(times), 1)
 
 
+LEASE_CYCLE = ("take_lease", "renew_lease", "release_lease")
+"""The store's statements that touch the run's row on every drive, by their names in ``Q``."""
+
+
 def lease_cycle_cost(db: Path, scratch: Path) -> dict[str, dict[str, float]]:
     """What the run's row costs to update: the store's own take / renew / release lease
     statements, in that order, on a throwaway copy through a plain connection with WAL
@@ -499,24 +489,17 @@ def lease_cycle_cost(db: Path, scratch: Path) -> dict[str, dict[str, float]]:
     copy_db(db, scratch)
     wal = Path(f"{scratch}-wal")
     conn = sqlite3.connect(scratch, isolation_level=None)
-    now_s = time.time()
     try:
         conn.execute("PRAGMA journal_mode = WAL").fetchall()
         conn.execute("PRAGMA wal_autocheckpoint = 0").fetchall()
-        token = conn.execute("SELECT lease_token FROM runs WHERE run_id = ?", (RUN_ID,)).fetchone()
-        owner = uuid.uuid4().hex
-        steps = {
-            "take_lease": (
-                Q["take_lease"],
-                (owner, os.getpid(), platform.node(), "12345", now_s + 15.25, RUN_ID, token[0]),
-            ),
-            "renew_lease": (Q["renew_lease"], (now_s + 20.75, RUN_ID, token[0] + 1, owner)),
-            "release_lease": (Q["release_lease"], (RUN_ID, token[0] + 1)),
-        }
+        (token,) = conn.execute(
+            "SELECT lease_token FROM runs WHERE run_id = ?", (RUN_ID,)
+        ).fetchone()
         cost: dict[str, dict[str, float]] = {}
-        for name, (sql, params) in steps.items():
+        for name, values in lease_cycle(token).items():
+            sql = Q[name]
             wal_before = wal.stat().st_size if wal.exists() else 0
-            ns, cursor = timed(partial(conn.execute, sql, params))
+            ns, cursor = timed(partial(conn.execute, sql, bind(sql, values)))
             if cursor.rowcount != 1:
                 raise AssertionError(f"{name} changed {cursor.rowcount} rows")
             wal_after = wal.stat().st_size if wal.exists() else 0
@@ -526,6 +509,37 @@ def lease_cycle_cost(db: Path, scratch: Path) -> dict[str, dict[str, float]]:
     for suffix in ("", "-wal", "-shm"):
         Path(f"{scratch}{suffix}").unlink(missing_ok=True)
     return cost
+
+
+def lease_cycle(token: int) -> dict[str, dict[str, Any]]:
+    """The parameters of one take, renewal and release of the run's lease (found at fencing
+    token ``token``) by a made-up owner, keyed by the column each one sets or matches."""
+    owner, now_s = uuid.uuid4().hex, time.time()
+    return {
+        "take_lease": {
+            "lease_owner": owner,
+            "lease_pid": os.getpid(),
+            "lease_host": platform.node(),
+            "lease_started": "12345",
+            "lease_expires_s": now_s + 15.25,
+            "run_id": RUN_ID,
+            "lease_token": token,
+        },
+        "renew_lease": {
+            "lease_expires_s": now_s + 20.75,
+            "run_id": RUN_ID,
+            "lease_token": token + 1,
+            "lease_owner": owner,
+        },
+        "release_lease": {"run_id": RUN_ID, "lease_token": token + 1},
+    }
+
+
+def bind(sql: str, values: dict[str, Any]) -> dict[str, Any] | tuple[Any, ...]:
+    """``values`` as ``sql`` takes them. The store's statements are moving from ``?`` to named
+    parameters: a statement that names its parameters takes the dict; one still on ``?`` takes
+    the values in the dict's order, which ``lease_cycle`` writes in the statement's."""
+    return values if re.search(r"[:@$][A-Za-z_]", sql) else tuple(values.values())
 
 
 def measure_resume(rep_dir: Path, plan: Plan, expected: Any, left: int) -> dict[str, Any]:
@@ -544,30 +558,14 @@ def measure_resume(rep_dir: Path, plan: Plan, expected: Any, left: int) -> dict[
     resume_ns: dict[str, list[int]] = {name: [] for name in variants}
     states: dict[str, Any] = {}
     trial = rep_dir / "resume_trial.db"
-    for i, round_ in enumerate(rotating(list(variants), plan.warmup + plan.resume_reps)):
+    for i, round_ in enumerate(rotations(list(variants), plan.warmup + plan.resume_reps)):
         for name in round_:
             copy_db(variants[name], trial)
-            t0 = time.perf_counter_ns()
-            agent = Agent(trial)
-            t1 = time.perf_counter_ns()
-            try:
-                state = agent.rt.resume(RUN_ID)
-                t2 = time.perf_counter_ns()
-                calls = (agent.model_calls, agent.tool.calls)
-            finally:
-                agent.close()
-            if (
-                state.status != "COMPLETED"
-                or state.result != expected
-                or state.steps_replayed != plan.steps - left
-                or state.steps_executed != left
-                or calls != calls_for(plan, left)
-            ):
-                raise AssertionError(f"resume ({name} compaction) gave {state!r}, calls {calls}")
+            opened, resumed, state = resume_trial(trial, plan, expected, left, name)
             same("the resumed state", states.setdefault("first", state), state)
             if i >= plan.warmup:
-                open_ns[name].append(t1 - t0)
-                resume_ns[name].append(t2 - t1)
+                open_ns[name].append(opened)
+                resume_ns[name].append(resumed)
     return {
         "steps_left": left,
         "files": files,
@@ -579,6 +577,32 @@ def measure_resume(rep_dir: Path, plan: Plan, expected: Any, left: int) -> dict[
     }
 
 
+def resume_trial(
+    db: Path, plan: Plan, expected: Any, left: int, variant: str
+) -> tuple[int, int, Any]:
+    """Open a fresh runtime on ``db`` and resume the run, which must serve every step but the
+    last ``left`` from the log and execute those: the ns the opening and the resume took, and
+    the state it ended in."""
+    t0 = time.perf_counter_ns()
+    agent = Agent(db)
+    t1 = time.perf_counter_ns()
+    try:
+        state = agent.rt.resume(RUN_ID)
+        t2 = time.perf_counter_ns()
+        calls = (agent.model_calls, agent.tool.calls)
+    finally:
+        agent.close()
+    if (
+        state.status != "COMPLETED"
+        or state.result != expected
+        or state.steps_replayed != plan.steps - left
+        or state.steps_executed != left
+        or calls != calls_for(plan, left)
+    ):
+        raise AssertionError(f"resume ({variant} compaction) gave {state!r}, calls {calls}")
+    return t1 - t0, t2 - t1, state
+
+
 def repetition(work: Path, rep: int, plan: Plan, expected: Any) -> dict[str, Any]:
     rep_dir = work / f"rep{rep}"
     rep_dir.mkdir()
@@ -586,7 +610,7 @@ def repetition(work: Path, rep: int, plan: Plan, expected: Any) -> dict[str, Any
     build_s, metrics = build_completed(base, plan, expected)
     before = file_stats(base)
     prefix_list = prefixes(plan)
-    _say(f"  rep {rep + 1}: built {plan.steps} steps in {build_s:.1f} s; compacting copies")
+    say(f"  rep {rep + 1}: built {plan.steps} steps in {build_s:.1f} s; compacting copies")
     compaction = measure_compaction(rep_dir, base, plan, prefix_list)
     reference_agent = Agent(base)
     try:
@@ -598,11 +622,11 @@ def repetition(work: Path, rep: int, plan: Plan, expected: Any) -> dict[str, Any
     finally:
         reference_agent.close()
     same("metrics() of the run", metrics, reference["metrics"])
-    _say(f"  rep {rep + 1}: dry replays and history loads of {len(prefix_list)} copies")
+    say(f"  rep {rep + 1}: dry replays and history loads of {len(prefix_list)} copies")
     samples = measure_replay(compaction["copies"], plan, reference)
-    _say(f"  rep {rep + 1}: resume of a run one step short of the end")
+    say(f"  rep {rep + 1}: resume of a run one step short of the end")
     resume = measure_resume(rep_dir, plan, expected, 1)
-    _say(f"  rep {rep + 1}: resume of a run {plan.tail_steps} steps short of the end")
+    say(f"  rep {rep + 1}: resume of a run {plan.tail_steps} steps short of the end")
     tail = measure_resume(rep_dir, plan, expected, plan.tail_steps)
     for db in rep_dir.glob("*.db*"):
         db.unlink()
@@ -621,14 +645,14 @@ def repetition(work: Path, rep: int, plan: Plan, expected: Any) -> dict[str, Any
 # -- figures --------------------------------------------------------------------------------
 
 
-def summary(values_ns: Sequence[int], per: int) -> dict[str, Any]:
-    """Milliseconds for the call and microseconds per step (``per`` steps)."""
+def call_times(values_ns: Sequence[int], steps: int) -> dict[str, Any]:
+    """Milliseconds for the call and microseconds per step of the run (``steps`` steps)."""
     ms = [v / 1e6 for v in values_ns]
     return {
         "ms_median": round(statistics.median(ms), 3),
         "ms_p95": round(percentile(ms, 95), 3),
         "ms_min": round(min(ms), 3),
-        "us_per_step_median": round(statistics.median(ms) * 1e3 / per, 3),
+        "us_per_step_median": round(statistics.median(ms) * 1e3 / steps, 3),
         "n": len(ms),
     }
 
@@ -640,41 +664,136 @@ def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den
 
 
-def median_of(values: Sequence[float], digits: int = 3) -> float:
-    return round(statistics.median(values), digits)
-
-
 def figures(reps: list[dict[str, Any]], plan: Plan) -> dict[str, Any]:
-    prefix_list = prefixes(plan)
+    """The report's figures, medians over the repetitions (one fresh database each)."""
     steps = plan.steps
-    before_bytes = [r["before"]["bytes"] for r in reps]
-    by_prefix = []
-    for folded in prefix_list:
-        copies = [r["compaction"]["copies"][folded] for r in reps]
-        replay = [ns for r in reps for ns in r["samples"][folded]["replay"]]
-        load = [ns for r in reps for ns in r["samples"][folded]["load"]]
-        replay_s, load_s = summary(replay, steps), summary(load, steps)
-        by_prefix.append(
-            {
-                "steps_folded": folded,
-                "keep_last": steps - folded,
-                "events_kept": copies[0]["file"]["events"],
-                "snapshot_bytes": copies[0]["file"]["snapshot_bytes"],
-                "file_bytes_median": median_of([c["file"]["bytes"] for c in copies], 0),
-                "compact_ms_median": median_of([c["compact_ns"] / 1e6 for c in copies]),
-                "replay": replay_s,
-                "history_load": load_s,
-                "replay_minus_load_ms_median": round(
-                    replay_s["ms_median"] - load_s["ms_median"], 3
-                ),
-            }
-        )
+    by_prefix = [prefix_row(reps, folded, steps) for folded in prefixes(plan)]
     rows = {row["steps_folded"]: row for row in by_prefix}
-    full, keep_100 = rows[steps], rows.get(steps - 100)
-    xs = [float(r["steps_folded"]) for r in by_prefix]
+    before, full = rows[0], rows[steps]
+    resume, tail = resume_pair(reps, plan)
+    result: dict[str, Any] = {
+        "size": size_figures(reps, full, steps),
+        "compaction_time": compaction_time_figures(reps, full, steps),
+        "replay": {"before": before["replay"], "after_keep_last_0": full["replay"]},
+        "history_load": {
+            "before": before["history_load"],
+            "after_keep_last_0": full["history_load"],
+        },
+        "by_prefix": by_prefix,
+        "trend": trend_figures(by_prefix),
+        "resume": resume,
+        "resume_with_steps_left": tail,
+    }
+    keep_100 = rows.get(steps - 100)
+    if keep_100 is not None:  # a prefix of its own only when the run is long enough
+        result["size"]["after_keep_last_100_bytes_median"] = keep_100["file_bytes_median"]
+        result["size"]["after_keep_last_100_events"] = keep_100["events_kept"]
+        result["compaction_time"]["keep_last_100_ms_median"] = keep_100["compact_ms_median"]
+        result["replay"]["after_keep_last_100"] = keep_100["replay"]
+        result["history_load"]["after_keep_last_100"] = keep_100["history_load"]
+    return result
+
+
+def prefix_row(reps: list[dict[str, Any]], folded: int, steps: int) -> dict[str, Any]:
+    """The copies compacted to ``folded`` steps: their file, compaction, replay and load."""
+    copies = [r["compaction"]["copies"][folded] for r in reps]
+    replay = call_times([ns for r in reps for ns in r["samples"][folded]["replay"]], steps)
+    load = call_times([ns for r in reps for ns in r["samples"][folded]["load"]], steps)
+    return {
+        "steps_folded": folded,
+        "keep_last": steps - folded,
+        "events_kept": copies[0]["file"]["events"],
+        "snapshot_bytes": copies[0]["file"]["snapshot_bytes"],
+        "file_bytes_median": median_of([c["file"]["bytes"] for c in copies], 0),
+        "compact_ms_median": median_of([c["compact_ns"] / 1e6 for c in copies]),
+        "replay": replay,
+        "history_load": load,
+        "replay_minus_load_ms_median": round(replay["ms_median"] - load["ms_median"], 3),
+    }
+
+
+def size_figures(reps: list[dict[str, Any]], full: dict[str, Any], steps: int) -> dict[str, Any]:
+    """The file before compaction, after ``keep_last=0`` (``full``, its prefix row) and after
+    the fold alone, before the reclaim."""
+    first = reps[0]["before"]
+    before_bytes = [r["before"]["bytes"] for r in reps]
+    unreclaimed = [r["compaction"]["split"]["unreclaimed_file"] for r in reps]
+    full_files = [r["compaction"]["copies"][steps]["file"] for r in reps]
+    return {
+        "before_bytes_median": median_of(before_bytes, 0),
+        "before_events": first["events"],
+        "before_pages": first["page_count"],
+        "after_keep_last_0_bytes_median": full["file_bytes_median"],
+        "after_keep_last_0_over_before": round(
+            full["file_bytes_median"] / statistics.median(before_bytes), 4
+        ),
+        "after_keep_last_0_events": full["events_kept"],
+        "after_keep_last_0_snapshot_bytes": full["snapshot_bytes"],
+        "unreclaimed_keep_last_0_bytes_median": median_of([u["bytes"] for u in unreclaimed], 0),
+        "unreclaimed_keep_last_0_freelist_pages": unreclaimed[0]["freelist_count"],
+        "auto_vacuum": first["auto_vacuum"],
+        "auto_vacuum_after_reclaim": full_files[0]["auto_vacuum"],
+        "reclaim_path": (
+            "PRAGMA incremental_vacuum"
+            if first["auto_vacuum"] == 2
+            else "VACUUM (the file's auto_vacuum is not incremental)"
+        ),
+        "page_size": first["page_size"],
+        "bytes_raw": {
+            "before": before_bytes,
+            "after_keep_last_0": [f["bytes"] for f in full_files],
+            "unreclaimed_keep_last_0": [u["bytes"] for u in unreclaimed],
+        },
+    }
+
+
+def compaction_time_figures(
+    reps: list[dict[str, Any]], full: dict[str, Any], steps: int
+) -> dict[str, Any]:
+    """``compact(keep_last=0)`` whole and as fold + reclaim timed apart, and a second
+    compaction of a copy already compacted."""
     split = [r["compaction"]["split"] for r in reps]
-    resume = resume_figures(reps, "resume", steps)
-    tail = resume_figures(reps, "tail", steps)
+    again = [r["compaction"]["again"] for r in reps]
+    return {
+        "keep_last_0_ms_median": full["compact_ms_median"],
+        "keep_last_0_fold_only_ms_median": median_of([s["fold_ns"] / 1e6 for s in split]),
+        "keep_last_0_reclaim_only_ms_median": median_of([s["reclaim_ns"] / 1e6 for s in split]),
+        "reported_by_compact_keep_last_0": reps[0]["compaction"]["copies"][steps]["reported"],
+        "second_compaction": {
+            "steps_folded_before": again[0]["from_steps_folded"],
+            "steps_folded_after": steps,
+            "auto_vacuum_before": again[0]["file_before"]["auto_vacuum"],
+            "ms_median": median_of([a["compact_ns"] / 1e6 for a in again]),
+            "file_bytes_median": median_of([a["file_after"]["bytes"] for a in again], 0),
+        },
+    }
+
+
+def trend_figures(by_prefix: list[dict[str, Any]]) -> dict[str, Any]:
+    """How each call's cost moves with the number of steps folded."""
+    xs = [float(r["steps_folded"]) for r in by_prefix]
+
+    def us_per_folded_step(ms: Callable[[dict[str, Any]], float]) -> float:
+        return round(slope(xs, [ms(r) * 1e3 for r in by_prefix]), 4)
+
+    return {
+        "replay_us_per_folded_step": us_per_folded_step(lambda r: r["replay"]["ms_median"]),
+        "history_load_us_per_folded_step": us_per_folded_step(
+            lambda r: r["history_load"]["ms_median"]
+        ),
+        "replay_minus_load_us_per_folded_step": us_per_folded_step(
+            lambda r: r["replay_minus_load_ms_median"]
+        ),
+        "note": "least-squares slope of the medians against steps folded; a negative slope "
+        "means each folded step makes the call cheaper",
+    }
+
+
+def resume_pair(reps: list[dict[str, Any]], plan: Plan) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Resume with one step left and with ``tail_steps`` left, the second with what each step
+    executed after a resume costs."""
+    resume = resume_figures(reps, "resume", plan.steps)
+    tail = resume_figures(reps, "tail", plan.steps)
     left = plan.tail_steps
     for name in ("before", "after"):
         # What each executed step costs: the slope between resuming with 1 and with
@@ -683,90 +802,7 @@ def figures(reps: list[dict[str, Any]], plan: Plan) -> dict[str, Any]:
             (tail[name]["resume"]["ms_median"] - resume[name]["resume"]["ms_median"]) / (left - 1),
             4,
         )
-    before_row = rows[0]
-    full_file = reps[0]["compaction"]["copies"][steps]["file"]
-    result: dict[str, Any] = {
-        "size": {
-            "before_bytes_median": median_of(before_bytes, 0),
-            "before_events": reps[0]["before"]["events"],
-            "before_pages": reps[0]["before"]["page_count"],
-            "after_keep_last_0_bytes_median": full["file_bytes_median"],
-            "after_keep_last_0_over_before": round(
-                full["file_bytes_median"] / statistics.median(before_bytes), 4
-            ),
-            "after_keep_last_0_events": full["events_kept"],
-            "after_keep_last_0_snapshot_bytes": full["snapshot_bytes"],
-            "unreclaimed_keep_last_0_bytes_median": median_of(
-                [s["unreclaimed_file"]["bytes"] for s in split], 0
-            ),
-            "unreclaimed_keep_last_0_freelist_pages": split[0]["unreclaimed_file"][
-                "freelist_count"
-            ],
-            "auto_vacuum": reps[0]["before"]["auto_vacuum"],
-            "auto_vacuum_after_reclaim": full_file["auto_vacuum"],
-            "reclaim_path": (
-                "PRAGMA incremental_vacuum"
-                if reps[0]["before"]["auto_vacuum"] == 2
-                else "VACUUM (the file's auto_vacuum is not incremental)"
-            ),
-            "page_size": reps[0]["before"]["page_size"],
-            "bytes_raw": {
-                "before": before_bytes,
-                "after_keep_last_0": [
-                    r["compaction"]["copies"][steps]["file"]["bytes"] for r in reps
-                ],
-                "unreclaimed_keep_last_0": [s["unreclaimed_file"]["bytes"] for s in split],
-            },
-        },
-        "compaction_time": {
-            "keep_last_0_ms_median": full["compact_ms_median"],
-            "keep_last_0_fold_only_ms_median": median_of([s["fold_ns"] / 1e6 for s in split]),
-            "keep_last_0_reclaim_only_ms_median": median_of([s["reclaim_ns"] / 1e6 for s in split]),
-            "reported_by_compact_keep_last_0": reps[0]["compaction"]["copies"][steps]["reported"],
-            "second_compaction": {
-                "steps_folded_before": reps[0]["compaction"]["again"]["from_steps_folded"],
-                "steps_folded_after": steps,
-                "auto_vacuum_before": reps[0]["compaction"]["again"]["file_before"]["auto_vacuum"],
-                "ms_median": median_of(
-                    [r["compaction"]["again"]["compact_ns"] / 1e6 for r in reps]
-                ),
-                "file_bytes_median": median_of(
-                    [r["compaction"]["again"]["file_after"]["bytes"] for r in reps], 0
-                ),
-            },
-        },
-        "replay": {
-            "before": before_row["replay"],
-            "after_keep_last_0": full["replay"],
-        },
-        "history_load": {
-            "before": before_row["history_load"],
-            "after_keep_last_0": full["history_load"],
-        },
-        "by_prefix": by_prefix,
-        "trend": {
-            "replay_us_per_folded_step": round(
-                slope(xs, [r["replay"]["ms_median"] * 1e3 for r in by_prefix]), 4
-            ),
-            "history_load_us_per_folded_step": round(
-                slope(xs, [r["history_load"]["ms_median"] * 1e3 for r in by_prefix]), 4
-            ),
-            "replay_minus_load_us_per_folded_step": round(
-                slope(xs, [r["replay_minus_load_ms_median"] * 1e3 for r in by_prefix]), 4
-            ),
-            "note": "least-squares slope of the medians against steps folded; a negative slope "
-            "means each folded step makes the call cheaper",
-        },
-        "resume": resume,
-        "resume_with_steps_left": tail,
-    }
-    if keep_100 is not None:
-        result["size"]["after_keep_last_100_bytes_median"] = keep_100["file_bytes_median"]
-        result["size"]["after_keep_last_100_events"] = keep_100["events_kept"]
-        result["compaction_time"]["keep_last_100_ms_median"] = keep_100["compact_ms_median"]
-        result["replay"]["after_keep_last_100"] = keep_100["replay"]
-        result["history_load"]["after_keep_last_100"] = keep_100["history_load"]
-    return result
+    return resume, tail
 
 
 def resume_figures(reps: list[dict[str, Any]], part: str, steps: int) -> dict[str, Any]:
@@ -779,7 +815,7 @@ def resume_figures(reps: list[dict[str, Any]], part: str, steps: int) -> dict[st
             "open_runtime_ms_median": median_of(
                 [ns / 1e6 for r in reps for ns in r[part]["open_ns"][name]]
             ),
-            "resume": summary([ns for r in reps for ns in r[part]["resume_ns"][name]], steps),
+            "resume": call_times([ns for r in reps for ns in r[part]["resume_ns"][name]], steps),
             "file_bytes_median": median_of([r[part]["files"][name]["bytes"] for r in reps], 0),
             "events_in_log": reps[0][part]["files"][name]["events"],
             "lease_token_read_us_median": median_of(
@@ -792,7 +828,7 @@ def resume_figures(reps: list[dict[str, Any]], part: str, steps: int) -> dict[st
                         [r[part]["lease_cycle"][name][op]["wal_bytes"] for r in reps], 0
                     ),
                 }
-                for op in ("take_lease", "renew_lease", "release_lease")
+                for op in LEASE_CYCLE
             },
             "auto_vacuum": reps[0][part]["files"][name]["auto_vacuum"],
         }
@@ -842,29 +878,18 @@ def raw_samples(reps: list[dict[str, Any]], plan: Plan) -> dict[str, Any]:
     }
 
 
-def machine_info(work: Path, plan: Plan) -> dict[str, Any]:
-    return {
-        "cpu_count": os.cpu_count(),
-        "python_version": platform.python_version(),
-        "python_implementation": platform.python_implementation(),
-        "sqlite_version": sqlite3.sqlite_version,
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "durabl_version": durabl.__version__,
-        "git_commit": git_commit(),
-        "scratch_dir": str(work),
-        "scratch_filesystem": filesystem_of(work),
-        **sync_latency(work, plan.fsync_samples),
-    }
+def render(report: Report) -> str:
+    return "\n".join(
+        [*_size_lines(report), *_prefix_table(report["by_prefix"]), *_resume_lines(report)]
+    )
 
 
-def render(report: dict[str, Any]) -> str:
+def _size_lines(report: Report) -> list[str]:
     w, s, c = report["workload"], report["size"], report["compaction_time"]
-    lines = [
+    return [
         f"Compaction of a {w['steps']}-step run ({w['model_calls']} ModelCalls + "
         f"{w['tool_calls']} ToolCalls, durability {w['durability']}, "
-        f"{report['repetitions']['databases']} fresh database(s))"
-        f"{'  [QUICK: smoke figures only]' if report['quick'] else ''}",
+        f"{report['repetitions']['databases']} fresh database(s)){harness.quick_mark(report)}",
         f"  file: {s['before_bytes_median'] / 1e6:.2f} MB before, "
         f"{s['after_keep_last_0_bytes_median'] / 1e6:.2f} MB after keep_last=0 "
         f"(x{s['after_keep_last_0_over_before']}), "
@@ -872,11 +897,16 @@ def render(report: dict[str, Any]) -> str:
         f"  compact(keep_last=0): {c['keep_last_0_ms_median']} ms "
         f"(fold {c['keep_last_0_fold_only_ms_median']} ms + reclaim "
         f"{c['keep_last_0_reclaim_only_ms_median']} ms, timed apart)",
+    ]
+
+
+def _prefix_table(by_prefix: list[dict[str, Any]]) -> list[str]:
+    lines = [
         "",
         f"  {'folded':>7}{'events':>8}{'file MB':>9}{'replay ms':>11}{'us/step':>9}"
         f"{'load ms':>9}{'us/step':>9}{'rest ms':>9}",
     ]
-    for row in report["by_prefix"]:
+    for row in by_prefix:
         lines.append(
             f"  {row['steps_folded']:>7}{row['events_kept']:>8}"
             f"{row['file_bytes_median'] / 1e6:>9.2f}{row['replay']['ms_median']:>11.1f}"
@@ -884,9 +914,13 @@ def render(report: dict[str, Any]) -> str:
             f"{row['history_load']['us_per_step_median']:>9.2f}"
             f"{row['replay_minus_load_ms_median']:>9.1f}"
         )
+    return lines
+
+
+def _resume_lines(report: Report) -> list[str]:
     t, r, tl = report["trend"], report["resume"], report["resume_with_steps_left"]
     again, steps = report["compaction_time"]["second_compaction"], report["workload"]["steps"]
-    lines += [
+    return [
         f"  slope per folded step: replay {t['replay_us_per_folded_step']} us, "
         f"load {t['history_load_us_per_folded_step']} us",
         f"  resume (one step left, fresh runtime): {r['before']['resume']['ms_median']} ms "
@@ -904,69 +938,58 @@ def render(report: dict[str, Any]) -> str:
             f"{r['before']['lease_cycle'][op]['wal_bytes_median'] / 1e3:.0f} kB of WAL before; "
             f"{r['after']['lease_cycle'][op]['ms_median']} ms, "
             f"{r['after']['lease_cycle'][op]['wal_bytes_median'] / 1e3:.0f} kB after compaction"
-            for op in ("take_lease", "renew_lease", "release_lease")
+            for op in LEASE_CYCLE
         ],
         f"  first reclaim: {report['size']['reclaim_path']} (auto_vacuum "
         f"{report['size']['auto_vacuum']} on a new file, "
         f"{report['size']['auto_vacuum_after_reclaim']} after); a second compaction "
         f"(the last {steps - again['steps_folded_before']} steps): {again['ms_median']} ms",
     ]
-    return "\n".join(lines)
 
 
-def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+# -- the run --------------------------------------------------------------------------------
+
+
+def measure(work: Path, quick: bool) -> Report:
+    plan = QUICK if quick else FULL
+    expected = plain_agent(plan.steps)
+    report: Report = {
+        **harness.header("compaction", SCHEMA, quick, work, plan.fsync_samples),
+        "workload": workload_info(plan),
+        "repetitions": {
+            "databases": plan.databases,
+            "warmup": plan.warmup,
+            "replay": plan.replay_reps,
+            "history_load": plan.load_reps,
+            "resume": plan.resume_reps,
+            "resume_steps_left": plan.tail_steps,
+        },
+    }
+    say(f"compaction: {plan.databases} repetition(s) of a {plan.steps}-step run")
+    reps = [repetition(work, i, plan, expected) for i in range(plan.databases)]
+    report.update(figures(reps, plan))
+    report["identical_after_compaction"] = {
+        "dry_replay_state": True,
+        "state": True,
+        "metrics": True,
+        "resumed_state": True,
+    }
+    report["replayed_state"] = reps[0]["replay_state"]
+    report["metrics"] = reps[0]["metrics"]
+    report["raw"] = raw_samples(reps, plan)
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(
-        "compaction",
-        __doc__,
-        "a 200-step run, one repetition: exercises the code, figures are noise",
+    return harness.main(
         argv,
+        name="compaction",
+        doc=__doc__,
+        quick_help="a 200-step run, one repetition: exercises the code, figures are noise",
+        measure=measure,
+        render=render,
+        summary_to=sys.stderr,
     )
-
-    plan = QUICK if args.quick else FULL
-    started = time.perf_counter()
-    work = scratch_dir(args.tmp_dir, prefix="compaction-")
-    try:
-        expected = plain_agent(plan.steps)
-        report: dict[str, Any] = {
-            "benchmark": "compaction",
-            "schema": SCHEMA,
-            "timestamp": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-            "quick": bool(args.quick),
-            "machine": machine_info(work, plan),
-            "workload": workload_info(plan),
-            "repetitions": {
-                "databases": plan.databases,
-                "warmup": plan.warmup,
-                "replay": plan.replay_reps,
-                "history_load": plan.load_reps,
-                "resume": plan.resume_reps,
-                "resume_steps_left": plan.tail_steps,
-            },
-        }
-        _say(f"compaction: {plan.databases} repetition(s) of a {plan.steps}-step run")
-        reps = [repetition(work, i, plan, expected) for i in range(plan.databases)]
-        report.update(figures(reps, plan))
-        report["identical_after_compaction"] = {
-            "dry_replay_state": True,
-            "state": True,
-            "metrics": True,
-            "resumed_state": True,
-        }
-        report["replayed_state"] = reps[0]["replay_state"]
-        report["metrics"] = reps[0]["metrics"]
-        report["raw"] = raw_samples(reps, plan)
-        report["elapsed_s"] = round(time.perf_counter() - started, 1)
-    finally:
-        release_scratch(work, args.keep)
-
-    out = write_json(args.out, report)
-    _say(render(report))
-    _say(f"wrote {out} in {report['elapsed_s']} s")
-    return 0
 
 
 if __name__ == "__main__":

@@ -36,27 +36,23 @@ Databases live in a temporary directory on a real disk (never tmpfs: fsync must 
 from __future__ import annotations
 
 import cProfile
-import datetime as _dt
 import json
 import math
-import os
-import platform
 import pstats
 import sqlite3
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
-import durabl
-from bench.output import parse_args, release_scratch, write_json
+from bench import harness
+from bench.harness import Report, percentile, rotations, say, summary
 from bench.workload import (
     EXPECTED,
     STEPS,
@@ -73,8 +69,6 @@ from durabl.crashpoints import BEFORE_RUN_COMPLETED, CrashAt, ProcessDeath
 
 SCHEMA = 1
 """Version of the layout of the JSON this script writes."""
-REPO = Path(__file__).resolve().parent.parent
-RAM_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "devtmpfs", "hugetlbfs"})
 
 TARGETS = {
     "full_overhead_ms_per_step_median": 0.5,
@@ -147,6 +141,22 @@ def make_runtime(
     AT_MOST_ONCE); otherwise it is wrapped with ``tool(..., mode=tool_mode)``."""
     registered: Any = outbox if tool_mode is None else tool(outbox, name=TOOL_NAME, mode=tool_mode)
     return Runtime(db, llm=stub_llm, tools={TOOL_NAME: registered}, durability=durability)
+
+
+def start_killed(db: Path, durability: str, outbox: Outbox, wf: Any, run_input: Any) -> str:
+    """Start a run on a runtime that dies just before completing it
+    (``CrashAt("before_run_completed")``): every step is in the log, finished, and the run is
+    left RUNNING for another runtime to resume. Returns its id."""
+    run_id = uuid.uuid4().hex
+    doomed = make_runtime(db, durability, outbox)
+    try:
+        with CrashAt(BEFORE_RUN_COMPLETED):
+            doomed.start(wf, run_input, run_id=run_id)
+        raise AssertionError("the run was not killed before completion")
+    except ProcessDeath:
+        return run_id
+    finally:
+        doomed.close()
 
 
 # -- measuring ------------------------------------------------------------------------------
@@ -222,13 +232,11 @@ def interleave(
         for s in subjects:
             s.run()
     samples: dict[str, list[int]] = {s.label: [] for s in subjects}
-    n = len(subjects)
-    for rep in range(reps):
-        shift = rep % n
-        for s in [*subjects[shift:], *subjects[:shift]]:
+    for rep, order in enumerate(rotations(subjects, reps)):
+        for s in order:
             samples[s.label].append(s.run())
         if reps >= 10 and (rep + 1) % max(1, reps // 4) == 0:
-            _say(f"  {progress}: {rep + 1}/{reps}")
+            say(f"  {progress}: {rep + 1}/{reps}")
     for s in subjects:
         expected_lines = TOOL_CALLS * s.runs
         if s.outbox.lines() != expected_lines:
@@ -239,21 +247,14 @@ def interleave(
     return samples
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100)."""
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
-
-
-def summary(values: Sequence[float], digits: int = 4) -> dict[str, Any]:
-    return {
-        "median": round(statistics.median(values), digits),
-        "p95": round(percentile(values, 95), digits),
-        "min": round(min(values), digits),
-        "mean": round(statistics.fmean(values), digits),
-        "n": len(values),
-    }
+def interleave_and_close(
+    subjects: Sequence[Subject], reps: int, warmup: int, progress: str
+) -> dict[str, list[int]]:
+    try:
+        return interleave(subjects, reps, warmup, progress)
+    finally:
+        for s in subjects:
+            s.close()
 
 
 def overhead_figures(durabl_ns: Sequence[int], plain_ns: Sequence[int]) -> dict[str, Any]:
@@ -280,13 +281,31 @@ def plain_figures(plain_ns: Sequence[int]) -> dict[str, Any]:
     }
 
 
+def served_figures(times_ns: Sequence[int]) -> dict[str, Any]:
+    """A call that serves all 41 steps from the log, per served step in us; nothing subtracted."""
+    per_step = [t / STEPS / 1e3 for t in times_ns]
+    s = summary(per_step, digits=3)
+    return {
+        "us_per_served_step_median": s["median"],
+        "us_per_served_step_p95": s["p95"],
+        "us_per_served_step_min": s["min"],
+        "call_ms_median": round(statistics.median(times_ns) / 1e6, 4),
+        "steps_served": STEPS,
+        "reps": len(times_ns),
+    }
+
+
+def raw_us(samples: dict[str, list[int]]) -> dict[str, list[int]]:
+    return {label: [round(t / 1e3) for t in ts] for label, ts in samples.items()}
+
+
 # -- part 1: per-step overhead --------------------------------------------------------------
 
 
 def measure_overhead(
     work: Path, plan: Plan, raw: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    _say("[1/5] per-step overhead: process, full, full+IDEMPOTENT vs the plain loop")
+    say("[1/5] per-step overhead: process, full, full+IDEMPOTENT vs the plain loop")
     plain = PlainSubject("plain", Outbox(work / "overhead_plain.txt"))
     subjects: list[Subject] = [
         plain,
@@ -307,12 +326,8 @@ def measure_overhead(
             tool_mode="IDEMPOTENT",
         ),
     ]
-    try:
-        samples = interleave(subjects, plan.overhead_reps, plan.warmup, "overhead")
-    finally:
-        for s in subjects:
-            s.close()
-    raw["overhead"] = {label: [round(t / 1e3) for t in ts] for label, ts in samples.items()}
+    samples = interleave_and_close(subjects, plan.overhead_reps, plan.warmup, "overhead")
+    raw["overhead"] = raw_us(samples)
     figures: dict[str, Any] = {}
     for s in subjects:
         if isinstance(s, DurablSubject):
@@ -329,9 +344,12 @@ def measure_overhead(
 
 
 def measure_replay(work: Path, plan: Plan) -> dict[str, Any]:
-    _say("[2/5] replay: dry replay of a completed run, resume of a run killed before completion")
-    figures: dict[str, Any] = {}
+    say("[2/5] replay: dry replay of a completed run, resume of a run killed before completion")
+    return {"dry_replay": measure_dry_replay(work, plan), **measure_resumes(work, plan)}
 
+
+def measure_dry_replay(work: Path, plan: Plan) -> dict[str, Any]:
+    """A dry ``rt.replay`` of one completed run, again and again on the runtime that ran it."""
     outbox = Outbox(work / "replay.txt")
     rt = make_runtime(work / "replay.db", "process", outbox)
     try:
@@ -349,67 +367,78 @@ def measure_replay(work: Path, plan: Plan) -> dict[str, Any]:
         rt.close()
     if outbox.lines() != TOOL_CALLS:
         raise AssertionError("a dry replay called the tool")
-    figures["dry_replay"] = served_figures(times)
+    return served_figures(times)
 
-    resume_times: dict[str, list[int]] = {"process": [], "full": []}
-    open_times: dict[str, list[int]] = {"process": [], "full": []}
-    outboxes = {mode: Outbox(work / f"resume_{mode}.txt") for mode in resume_times}
-    fresh_dry_times: list[int] = []
-    for i in range(plan.warmup + plan.resume_reps):
-        for mode in ("process", "full") if i % 2 == 0 else ("full", "process"):
+
+def measure_resumes(work: Path, plan: Plan) -> dict[str, Any]:
+    """``resume`` on a fresh runtime of a run killed just before completion, in both modes; and,
+    in process mode, a dry replay of the same log on yet another fresh runtime: the resume
+    without its two writes."""
+    modes = ("process", "full")
+    outboxes = {mode: Outbox(work / f"resume_{mode}.txt") for mode in modes}
+    open_ns: dict[str, list[int]] = {mode: [] for mode in modes}
+    resume_ns: dict[str, list[int]] = {mode: [] for mode in modes}
+    fresh_dry_ns: list[int] = []
+    for i, order in enumerate(rotations(modes, plan.warmup + plan.resume_reps)):
+        counted = i >= plan.warmup
+        for mode in order:
             db = work / f"resume_{mode}.db"
-            run_id = uuid.uuid4().hex
-            doomed = make_runtime(db, mode, outboxes[mode])
-            try:
-                with CrashAt(BEFORE_RUN_COMPLETED):
-                    doomed.start(w40, {"topic": TOPIC}, run_id=run_id)
-                raise AssertionError("the run was not killed before completion")
-            except ProcessDeath:
-                pass
-            finally:
-                doomed.close()
-            t0 = time.perf_counter_ns()
-            fresh = make_runtime(db, mode, outboxes[mode])
-            t1 = time.perf_counter_ns()
-            try:
-                state = fresh.resume(run_id)
-                t2 = time.perf_counter_ns()
-            finally:
-                fresh.close()
-            if (
-                state.status != "COMPLETED"
-                or state.steps_replayed != STEPS
-                or state.steps_executed != 0
-                or state.result != EXPECTED
-            ):
-                raise AssertionError(f"resume after the crash gave {state!r}")
-            if i >= plan.warmup:
-                resume_times[mode].append(t2 - t1)
-                open_times[mode].append(t1 - t0)
+            run_id = start_killed(db, mode, outboxes[mode], w40, {"topic": TOPIC})
+            opened, resumed = resume_on_fresh_runtime(db, mode, outboxes[mode], run_id)
+            if counted:
+                open_ns[mode].append(opened)
+                resume_ns[mode].append(resumed)
             if mode == "process":
-                # The same log, dry, on yet another fresh runtime: resume minus its two writes.
-                other = make_runtime(db, mode, outboxes[mode])
-                try:
-                    t0 = time.perf_counter_ns()
-                    state = other.replay(run_id)
-                    t1 = time.perf_counter_ns()
-                finally:
-                    other.close()
-                if state.status != "COMPLETED" or state.steps_replayed != STEPS:
-                    raise AssertionError(f"dry replay on a fresh runtime gave {state!r}")
-                if i >= plan.warmup:
-                    fresh_dry_times.append(t1 - t0)
+                dry = dry_replay_on_fresh_runtime(db, outboxes[mode], run_id)
+                if counted:
+                    fresh_dry_ns.append(dry)
     for mode, ob in outboxes.items():
-        runs = plan.warmup + plan.resume_reps
-        if ob.lines() != TOOL_CALLS * runs:
+        if ob.lines() != TOOL_CALLS * (plan.warmup + plan.resume_reps):
             raise AssertionError(f"resume ({mode}) called the tool again: {ob.lines()} lines")
-    figures["dry_replay_fresh_runtime"] = served_figures(fresh_dry_times)
-    for mode in resume_times:
+    figures: dict[str, Any] = {"dry_replay_fresh_runtime": served_figures(fresh_dry_ns)}
+    for mode in modes:
         figures[f"resume_{mode}"] = {
-            **served_figures(resume_times[mode]),
-            "runtime_open_ms_median": round(statistics.median(open_times[mode]) / 1e6, 4),
+            **served_figures(resume_ns[mode]),
+            "runtime_open_ms_median": round(statistics.median(open_ns[mode]) / 1e6, 4),
         }
     return figures
+
+
+def resume_on_fresh_runtime(
+    db: Path, durability: str, outbox: Outbox, run_id: str
+) -> tuple[int, int]:
+    """Open a fresh runtime and resume the killed run ``run_id`` on it, serving all 41 steps
+    from the log: the ns the opening took, and the ns the resume took."""
+    t0 = time.perf_counter_ns()
+    fresh = make_runtime(db, durability, outbox)
+    t1 = time.perf_counter_ns()
+    try:
+        state = fresh.resume(run_id)
+        t2 = time.perf_counter_ns()
+    finally:
+        fresh.close()
+    if (
+        state.status != "COMPLETED"
+        or state.steps_replayed != STEPS
+        or state.steps_executed != 0
+        or state.result != EXPECTED
+    ):
+        raise AssertionError(f"resume after the crash gave {state!r}")
+    return t1 - t0, t2 - t1
+
+
+def dry_replay_on_fresh_runtime(db: Path, outbox: Outbox, run_id: str) -> int:
+    """The ns a dry replay of ``run_id`` takes on a runtime that has not seen the run before."""
+    other = make_runtime(db, "process", outbox)
+    try:
+        t0 = time.perf_counter_ns()
+        state = other.replay(run_id)
+        t1 = time.perf_counter_ns()
+    finally:
+        other.close()
+    if state.status != "COMPLETED" or state.steps_replayed != STEPS:
+        raise AssertionError(f"dry replay on a fresh runtime gave {state!r}")
+    return t1 - t0
 
 
 def measure_resume_slope(work: Path, plan: Plan) -> dict[str, Any]:
@@ -418,18 +447,9 @@ def measure_resume_slope(work: Path, plan: Plan) -> dict[str, Any]:
     outbox = Outbox(work / "slope.txt")
     db = work / "slope.db"
     times: dict[int, list[int]] = {n: [] for n in SLOPE_SIZES}
-    for i in range(plan.warmup + plan.resume_reps):
-        for n in SLOPE_SIZES if i % 2 == 0 else tuple(reversed(SLOPE_SIZES)):
-            run_id = uuid.uuid4().hex
-            doomed = make_runtime(db, "process", outbox)
-            try:
-                with CrashAt(BEFORE_RUN_COMPLETED):
-                    doomed.start(wn, {"topic": TOPIC, "n": n}, run_id=run_id)
-                raise AssertionError("the run was not killed before completion")
-            except ProcessDeath:
-                pass
-            finally:
-                doomed.close()
+    for i, order in enumerate(rotations(SLOPE_SIZES, plan.warmup + plan.resume_reps)):
+        for n in order:
+            run_id = start_killed(db, "process", outbox, wn, {"topic": TOPIC, "n": n})
             fresh = make_runtime(db, "process", outbox)
             try:
                 t0 = time.perf_counter_ns()
@@ -452,23 +472,12 @@ def measure_resume_slope(work: Path, plan: Plan) -> dict[str, Any]:
     }
 
 
-def served_figures(times_ns: Sequence[int]) -> dict[str, Any]:
-    per_step = [t / STEPS / 1e3 for t in times_ns]
-    s = summary(per_step, digits=3)
-    return {
-        "us_per_served_step_median": s["median"],
-        "us_per_served_step_p95": s["p95"],
-        "us_per_served_step_min": s["min"],
-        "call_ms_median": round(statistics.median(times_ns) / 1e6, 4),
-        "steps_served": STEPS,
-        "reps": len(times_ns),
-    }
-
-
 # -- part 3: scaling with the size of the log ------------------------------------------------
 
 
 def count_events(db: Path) -> int:
+    """Events in the file, counted by SQLite: the store has no verb for it, and reading every
+    event back through it would check every checksum only to count them."""
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
         return int(conn.execute("SELECT COUNT(*) FROM events").fetchone()[0])
@@ -492,14 +501,14 @@ def populate(db: Path, outbox: Outbox, target_events: int) -> tuple[int, int, fl
                 rt.start(w40, {"topic": TOPIC})
             runs += batch
             events_now = count_events(db)
-            _say(f"  populated {events_now} events ({runs} runs)")
+            say(f"  populated {events_now} events ({runs} runs)")
     finally:
         rt.close()
     return events_now, runs, time.perf_counter() - t0
 
 
 def measure_scaling(work: Path, plan: Plan, raw: dict[str, Any]) -> dict[str, Any]:
-    _say(f"[3/5] scaling: empty database vs one holding >= {plan.prior_events} events")
+    say(f"[3/5] scaling: empty database vs one holding >= {plan.prior_events} events")
     big = work / "scaling_prior.db"
     prior, populate_runs, populate_s = populate(
         big, Outbox(work / "scaling_populate.txt"), plan.prior_events
@@ -513,12 +522,8 @@ def measure_scaling(work: Path, plan: Plan, raw: dict[str, Any]) -> dict[str, An
         subjects.append(
             DurablSubject(f"{mode}@prior", big, mode, Outbox(work / f"scaling_{mode}_p.txt"))
         )
-    try:
-        samples = interleave(subjects, plan.scaling_reps, plan.warmup, "scaling")
-    finally:
-        for s in subjects:
-            s.close()
-    raw["scaling"] = {label: [round(t / 1e3) for t in ts] for label, ts in samples.items()}
+    samples = interleave_and_close(subjects, plan.scaling_reps, plan.warmup, "scaling")
+    raw["scaling"] = raw_us(samples)
     figures: dict[str, Any] = {
         "prior_events": prior,
         "populate_runs": populate_runs,
@@ -529,20 +534,26 @@ def measure_scaling(work: Path, plan: Plan, raw: dict[str, Any]) -> dict[str, An
         "plain": plain_figures(samples["plain"]),
     }
     for mode in ("process", "full"):
-        at_empty = overhead_figures(samples[f"{mode}@empty"], samples["plain"])
-        at_prior = overhead_figures(samples[f"{mode}@prior"], samples["plain"])
-        figures[mode] = {
-            "empty": at_empty,
-            "prior": at_prior,
-            "ratio_prior_over_empty": round(
-                at_prior["overhead_ms_per_step_median"] / at_empty["overhead_ms_per_step_median"],
-                3,
-            ),
-            "ratio_mean_prior_over_empty": round(
-                at_prior["overhead_ms_per_step_mean"] / at_empty["overhead_ms_per_step_mean"], 3
-            ),
-        }
+        figures[mode] = growth_figures(samples[f"{mode}@empty"], samples[f"{mode}@prior"], samples)
     return figures
+
+
+def growth_figures(
+    at_empty_ns: Sequence[int], at_prior_ns: Sequence[int], samples: dict[str, list[int]]
+) -> dict[str, Any]:
+    """One mode's overhead on the empty and on the full database, and how much it grew."""
+    at_empty = overhead_figures(at_empty_ns, samples["plain"])
+    at_prior = overhead_figures(at_prior_ns, samples["plain"])
+    return {
+        "empty": at_empty,
+        "prior": at_prior,
+        "ratio_prior_over_empty": round(
+            at_prior["overhead_ms_per_step_median"] / at_empty["overhead_ms_per_step_median"], 3
+        ),
+        "ratio_mean_prior_over_empty": round(
+            at_prior["overhead_ms_per_step_mean"] / at_empty["overhead_ms_per_step_mean"], 3
+        ),
+    }
 
 
 # -- part 4: where the time goes -------------------------------------------------------------
@@ -566,61 +577,81 @@ class _CountingConnection:
         return getattr(self._real, name)
 
 
-def census(
-    work: Path, label: str, durability: str, tool_mode: str | None, runs: int
-) -> dict[str, Any]:
-    """Store calls, transactions, SQL statements and WAL bytes per W40 run, and the share of a
-    run's wall time spent inside the store (timed by wrappers, not by a profiler)."""
-    outbox = Outbox(work / f"census_{label}.txt")
-    db = work / f"census_{label}.db"
-    rt = make_runtime(db, durability, outbox, tool_mode)
-    store: Any = rt.store
-    calls: Counter[str] = Counter()
-    issued: Counter[str] = Counter()
-    store_ns = 0
+@contextmanager
+def counting_statements(issued: Counter[str]) -> Iterator[None]:
+    """While inside, every SQLite connection opened counts in ``issued`` the statements it is
+    handed: a runtime opened here has its store's connection counted without anything reaching
+    into the store for it."""
+    real = sqlite3.connect
 
-    def counted(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def connect(*args: Any, **kwargs: Any) -> Any:
+        return _CountingConnection(real(*args, **kwargs), issued)
+
+    with mock.patch.object(sqlite3, "connect", connect):
+        yield
+
+
+class StoreTally:
+    """What a runtime asks of its store: calls per store method (durable commits apart), the SQL
+    statements its connection is handed, by kind, and the time spent inside the store methods
+    (timed by wrappers, not by a profiler)."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+        self.issued: Counter[str] = Counter()
+        self.store_ns = 0
+
+    def count_calls(self, store: Any) -> None:
+        """From now on, count and time every call of the store's ``STORE_METHODS``."""
+        for name in STORE_METHODS:
+            setattr(store, name, self._counted(name, getattr(store, name)))
+
+    def _counted(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            nonlocal store_ns
-            calls[name] += 1
+            self.calls[name] += 1
             if name == "commit" and getattr(args[0], "durable", False):
-                calls["commit(durable=True)"] += 1
+                self.calls["commit(durable=True)"] += 1
             t0 = time.perf_counter_ns()
             try:
                 return fn(*args, **kwargs)
             finally:
-                store_ns += time.perf_counter_ns() - t0
+                self.store_ns += time.perf_counter_ns() - t0
 
         return wrapper
 
+
+def measure_census(work: Path, plan: Plan, overhead: dict[str, Any]) -> dict[str, Any]:
+    """The census of every configuration the overhead part measured."""
+    say("[4/5] census of store work per run")
+    return {
+        label: census(
+            work,
+            label,
+            f["durability"],
+            None if f["tool_mode"] == "AT_MOST_ONCE" else f["tool_mode"],
+            plan.census_runs,
+        )
+        for label, f in overhead.items()
+    }
+
+
+def census(
+    work: Path, label: str, durability: str, tool_mode: str | None, runs: int
+) -> dict[str, Any]:
+    """Store calls, transactions, SQL statements and WAL bytes per W40 run, and the share of a
+    run's wall time spent inside the store."""
+    db = work / f"census_{label}.db"
+    tally = StoreTally()
+    with counting_statements(tally.issued):
+        rt = make_runtime(db, durability, Outbox(work / f"census_{label}.txt"), tool_mode)
     try:
         rt.start(w40, {"topic": TOPIC})  # warm-up, uncounted
-        for name in STORE_METHODS:
-            setattr(store, name, counted(name, getattr(store, name)))
-        conn_attr = next(
-            (k for k, v in vars(store).items() if isinstance(v, sqlite3.Connection)), None
-        )
-        if conn_attr is not None:
-            setattr(store, conn_attr, _CountingConnection(getattr(store, conn_attr), issued))
-        wal = Path(f"{db}-wal")
-        side = sqlite3.connect(db)
-        try:
-            side.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            page_size = int(side.execute("PRAGMA page_size").fetchone()[0])
-        finally:
-            side.close()
-        wal_before = wal.stat().st_size if wal.exists() else 0
-        run_ns = 0
-        t0 = time.perf_counter_ns()
-        rt.start(w40, {"topic": TOPIC})
-        run_ns += time.perf_counter_ns() - t0
-        wal_bytes = (wal.stat().st_size if wal.exists() else 0) - wal_before
-        for _ in range(runs - 1):
-            t0 = time.perf_counter_ns()
-            rt.start(w40, {"topic": TOPIC})
-            run_ns += time.perf_counter_ns() - t0
+        tally.issued.clear()
+        tally.count_calls(rt.store)
+        wal_bytes, page_size, run_ns = time_census_runs(rt, db, runs)
     finally:
         rt.close()
+    calls, issued = tally.calls, tally.issued
     fsync_commits = calls["create_run"] + calls["commit(durable=True)"]
     return {
         "durability": durability,
@@ -634,9 +665,32 @@ def census(
         "wal_bytes_per_run": wal_bytes,
         "wal_frames_per_run": round(wal_bytes / (page_size + 24), 1),
         "run_ms_mean": round(run_ns / runs / 1e6, 4),
-        "store_ms_per_run": round(store_ns / runs / 1e6, 4),
-        "store_share_of_run": round(store_ns / run_ns, 3),
+        "store_ms_per_run": round(tally.store_ns / runs / 1e6, 4),
+        "store_share_of_run": round(tally.store_ns / run_ns, 3),
     }
+
+
+def time_census_runs(rt: Runtime, db: Path, runs: int) -> tuple[int, int, int]:
+    """Run W40 ``runs`` times: the WAL bytes the first run writes into a just truncated WAL, the
+    database's page size (a WAL frame is a page plus 24 bytes), and the ns all runs took."""
+    wal = Path(f"{db}-wal")
+    side = sqlite3.connect(db)
+    try:
+        side.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        page_size = int(side.execute("PRAGMA page_size").fetchone()[0])
+    finally:
+        side.close()
+    wal_before = wal.stat().st_size if wal.exists() else 0
+    run_ns = 0
+    t0 = time.perf_counter_ns()
+    rt.start(w40, {"topic": TOPIC})
+    run_ns += time.perf_counter_ns() - t0
+    wal_bytes = (wal.stat().st_size if wal.exists() else 0) - wal_before
+    for _ in range(runs - 1):
+        t0 = time.perf_counter_ns()
+        rt.start(w40, {"topic": TOPIC})
+        run_ns += time.perf_counter_ns() - t0
+    return wal_bytes, page_size, run_ns
 
 
 def _statement_kind(sql: str) -> str:
@@ -661,6 +715,15 @@ def _statement_kind(sql: str) -> str:
     return words[0]
 
 
+def add_sync_floor(overhead: dict[str, Any], census: dict[str, Any], sync_us: float) -> None:
+    """Give each configuration the floor its fsyncs set: the durable commits the census counted
+    per run, each costing one fdatasync, spread over the run's 41 steps."""
+    for label, f in overhead.items():
+        durable = census[label]["durable_commits_per_run"]
+        f["durable_commits_per_run"] = durable
+        f["sync_floor_ms_per_step"] = round(durable * sync_us / STEPS / 1e3, 4)
+
+
 def profile_execution(work: Path, plan: Plan) -> dict[str, Any]:
     """cProfile of W40 runs in process mode: where an executed step's time goes."""
     outbox = Outbox(work / "profile.txt")
@@ -682,17 +745,9 @@ def profile_resume(work: Path, plan: Plan) -> dict[str, Any]:
     """cProfile of resume on a fresh Runtime (process mode), all 41 steps served from the log."""
     outbox = Outbox(work / "profile_resume.txt")
     db = work / "profile_resume.db"
-    pending = []
-    for _ in range(plan.profile_runs):
-        run_id = uuid.uuid4().hex
-        doomed = make_runtime(db, "process", outbox)
-        try:
-            with CrashAt(BEFORE_RUN_COMPLETED):
-                doomed.start(w40, {"topic": TOPIC}, run_id=run_id)
-        except ProcessDeath:
-            pending.append(run_id)
-        finally:
-            doomed.close()
+    pending = [
+        start_killed(db, "process", outbox, w40, {"topic": TOPIC}) for _ in range(plan.profile_runs)
+    ]
     fresh = [make_runtime(db, "process", outbox) for _ in pending]
     prof = cProfile.Profile()
     try:
@@ -706,13 +761,17 @@ def profile_resume(work: Path, plan: Plan) -> dict[str, Any]:
     return {"durability": "process", **profile_figures(prof, len(pending))}
 
 
+ProfileRow = tuple[float, float, int, str]
+"""One profiled function: self seconds, cumulative seconds, calls, label."""
+
+
 def profile_figures(prof: cProfile.Profile, runs: int) -> dict[str, Any]:
     stats = pstats.Stats(prof)
     raw: dict[tuple[str, int, str], tuple[int, int, float, float, Any]]
     raw = stats.stats  # type: ignore[attr-defined]
     steps = runs * STEPS
     total_s = sum(tt for (_, _, tt, _, _) in raw.values())
-    rows: list[tuple[float, float, int, str]] = []
+    rows: list[ProfileRow] = []
     areas: dict[str, float] = {}
     for (filename, line, func), (_cc, ncalls, tt, ct, _callers) in raw.items():
         rows.append((tt, ct, ncalls, _profile_label(filename, line, func)))
@@ -722,16 +781,6 @@ def profile_figures(prof: cProfile.Profile, runs: int) -> dict[str, Any]:
     by_cum = sorted(
         (r for r in rows if r[3].startswith("durabl/")), key=lambda r: r[1], reverse=True
     )
-
-    def entry(r: tuple[float, float, int, str]) -> dict[str, Any]:
-        tt, ct, ncalls, label = r
-        return {
-            "function": label,
-            "calls_per_step": round(ncalls / steps, 3),
-            "self_us_per_step": round(tt / steps * 1e6, 2),
-            "cumulative_us_per_step": round(ct / steps * 1e6, 2),
-        }
-
     return {
         "runs": runs,
         "steps": steps,
@@ -740,8 +789,18 @@ def profile_figures(prof: cProfile.Profile, runs: int) -> dict[str, Any]:
             area: round(tt / steps * 1e6, 2)
             for area, tt in sorted(areas.items(), key=lambda kv: kv[1], reverse=True)[:12]
         },
-        "top_self": [entry(r) for r in rows[:20]],
-        "top_cumulative_durabl": [entry(r) for r in by_cum[:20]],
+        "top_self": [_profile_entry(r, steps) for r in rows[:20]],
+        "top_cumulative_durabl": [_profile_entry(r, steps) for r in by_cum[:20]],
+    }
+
+
+def _profile_entry(row: ProfileRow, steps: int) -> dict[str, Any]:
+    tt, ct, ncalls, label = row
+    return {
+        "function": label,
+        "calls_per_step": round(ncalls / steps, 3),
+        "self_us_per_step": round(tt / steps * 1e6, 2),
+        "cumulative_us_per_step": round(ct / steps * 1e6, 2),
     }
 
 
@@ -774,112 +833,10 @@ def _profile_area(filename: str, func: str) -> str:
     return f"stdlib {Path(filename).name}"
 
 
-# -- machine and environment ----------------------------------------------------------------
-
-
-def filesystem_of(path: Path) -> str:
-    """The type of the filesystem holding ``path`` (from /proc/mounts), or 'unknown'."""
-    try:
-        mounts = Path("/proc/mounts").read_text().splitlines()
-    except OSError:
-        return "unknown"
-    real = os.path.realpath(path)
-    best, fstype = "", "unknown"
-    for line in mounts:
-        fields = line.split()
-        if len(fields) < 3:
-            continue
-        point = fields[1].replace("\\040", " ")
-        inside = real == point or real.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= len(best):
-            best, fstype = point, fields[2]
-    return fstype
-
-
-def scratch_dir(requested: str | None, prefix: str = "w40-") -> Path:
-    """A fresh temporary directory on a real disk."""
-    candidates = [Path(requested)] if requested else [Path(tempfile.gettempdir()), REPO / "bench"]
-    for base in candidates:
-        base.mkdir(parents=True, exist_ok=True)
-        fstype = filesystem_of(base)
-        if fstype in RAM_FILESYSTEMS:
-            if requested:
-                raise SystemExit(f"--tmp-dir {base} is on {fstype}; fsync would not be real")
-            continue
-        return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
-    raise SystemExit("no directory on a real disk found; pass --tmp-dir")
-
-
-def sync_latency(work: Path, samples: int) -> dict[str, Any]:
-    """What one fsync / fdatasync of a 4 KiB append costs on this disk: the price of each commit
-    that full durability makes durable (SQLite syncs its WAL with fdatasync on Linux)."""
-    path = work / "sync-probe"
-    figures: dict[str, Any] = {}
-    calls = [("fsync", os.fsync)]
-    if hasattr(os, "fdatasync"):
-        calls.append(("fdatasync", os.fdatasync))
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        for name, sync in calls:
-            times: list[float] = []
-            for _ in range(samples):
-                os.write(fd, b"x" * 4096)
-                t0 = time.perf_counter_ns()
-                sync(fd)
-                times.append((time.perf_counter_ns() - t0) / 1e3)
-            figures[f"{name}_us_median"] = round(statistics.median(times), 1)
-            figures[f"{name}_us_p95"] = round(percentile(times, 95), 1)
-    finally:
-        os.close(fd)
-        path.unlink()
-    figures.setdefault("fdatasync_us_median", figures["fsync_us_median"])
-    figures.setdefault("fdatasync_us_p95", figures["fsync_us_p95"])
-    return figures
-
-
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        )
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "src"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() + ("+dirty-src" if dirty.stdout.strip() else "")
-
-
-def machine_info(work: Path, plan: Plan) -> dict[str, Any]:
-    return {
-        "cpu_count": os.cpu_count(),
-        "python_version": platform.python_version(),
-        "python_implementation": platform.python_implementation(),
-        "sqlite_version": sqlite3.sqlite_version,
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "durabl_version": durabl.__version__,
-        "git_commit": git_commit(),
-        "scratch_dir": str(work),
-        "scratch_filesystem": filesystem_of(work),
-        **sync_latency(work, plan.fsync_samples),
-    }
-
-
 # -- the report -----------------------------------------------------------------------------
 
 
-def assess(report: dict[str, Any]) -> dict[str, Any]:
+def assess(report: Report) -> dict[str, Any]:
     o, r, s = report["overhead"], report["replay"], report["scaling"]
     # The mean ratio: process-mode run times are bimodal (a WAL checkpoint lands in roughly
     # every other run), which makes the ratio of two medians jump between invocations.
@@ -901,16 +858,33 @@ def assess(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def render(report: dict[str, Any]) -> str:
-    m, o, p = report["machine"], report["overhead"], report["plain_loop"]
-    r, s = report["replay"], report["scaling"]
-    lines = [
-        f"W40 ({STEPS} steps: 1 ModelCall + {TOOL_CALLS} ToolCalls)"
-        f"{'  [QUICK: smoke figures only]' if report['quick'] else ''}",
-        f"  {m['platform']}, {m['cpu_count']} CPUs, Python {m['python_version']}, "
-        f"SQLite {m['sqlite_version']}, durabl {m['durabl_version']} ({m['git_commit']})",
+def render(report: Report) -> str:
+    return "\n".join(
+        [
+            *_header_lines(report),
+            *_overhead_lines(report),
+            *_replay_lines(report),
+            *_scaling_lines(report["scaling"]),
+            *_census_lines(report["census"]),
+            *_profile_lines(report["profile"]),
+            *_target_lines(report["targets"]),
+        ]
+    )
+
+
+def _header_lines(report: Report) -> list[str]:
+    m = report["machine"]
+    return [
+        f"W40 ({STEPS} steps: 1 ModelCall + {TOOL_CALLS} ToolCalls){harness.quick_mark(report)}",
+        harness.machine_line(m),
         f"  scratch: {m['scratch_dir']} ({m['scratch_filesystem']}); 4 KiB append + fsync "
         f"{m['fsync_us_median']} us, + fdatasync {m['fdatasync_us_median']} us (medians)",
+    ]
+
+
+def _overhead_lines(report: Report) -> list[str]:
+    o, p = report["overhead"], report["plain_loop"]
+    lines = [
         "",
         f"Per-step overhead over the plain loop ({p['reps']} interleaved reps each; "
         f"sync floor = durable commits x fdatasync / {STEPS})",
@@ -925,24 +899,34 @@ def render(report: dict[str, Any]) -> str:
             f"{f['run_ms_median']:>9.3f}"
             f"{f['durable_commits_per_run']:>8g}{f['sync_floor_ms_per_step']:>10.4f}"
         )
-    lines += [
+    lines.append(
         f"  {'plain loop (us per step)':<34}{p['us_per_step_median']:>10.3f}"
-        f"{p['us_per_step_p95']:>10.3f}{'':>10}{p['run_ms_median']:>9.3f}",
+        f"{p['us_per_step_p95']:>10.3f}{'':>10}{p['run_ms_median']:>9.3f}"
+    )
+    return lines
+
+
+def _replay_lines(report: Report) -> list[str]:
+    lines = [
         "",
         f"Replay cost per served step ({STEPS} served steps per call, nothing subtracted)",
         f"  {'operation':<34}{'median us':>10}{'p95 us':>10}{'call ms':>10}",
     ]
-    for label, f in r.items():
+    for label, f in report["replay"].items():
         lines.append(
             f"  {label:<34}{f['us_per_served_step_median']:>10.2f}"
             f"{f['us_per_served_step_p95']:>10.2f}{f['call_ms_median']:>10.3f}"
         )
     sl = report["resume_slope"]
-    lines += [
+    lines.append(
         f"  resume, per served step (slope {sl['sizes_steps'][0]} -> {sl['sizes_steps'][1]} steps)"
-        f"{sl['us_per_served_step']:>8.2f} us; fixed part {sl['fixed_ms']:.3f} ms per resume",
-    ]
-    lines += [
+        f"{sl['us_per_served_step']:>8.2f} us; fixed part {sl['fixed_ms']:.3f} ms per resume"
+    )
+    return lines
+
+
+def _scaling_lines(s: dict[str, Any]) -> list[str]:
+    lines = [
         "",
         f"Scaling: per-step overhead, empty db vs {s['prior_events']} prior events "
         f"({s['populate_runs']} runs, populated in {s['populate_s']} s)",
@@ -961,8 +945,12 @@ def render(report: dict[str, Any]) -> str:
             f"{q['overhead_ms_per_step_p95']:>9.4f}{q['overhead_ms_per_step_mean']:>12.4f}"
             f"{f['ratio_prior_over_empty']:>8.3f}{f['ratio_mean_prior_over_empty']:>7.3f}"
         )
-    lines += ["", "Store work per run (census)"]
-    for label, c in report["census"].items():
+    return lines
+
+
+def _census_lines(census: dict[str, Any]) -> list[str]:
+    lines = ["", "Store work per run (census)"]
+    for label, c in census.items():
         lines.append(
             f"  {label:<16} {c['transactions_per_run']:g} transactions, "
             f"{c['durable_commits_per_run']:g} fsync commits, "
@@ -970,7 +958,12 @@ def render(report: dict[str, Any]) -> str:
             f"{c['wal_bytes_per_run'] / 1024:.0f} KiB WAL ({c['wal_frames_per_run']:g} frames); "
             f"{c['store_share_of_run'] * 100:.0f}% of wall time in the store"
         )
-    for kind, prof in report["profile"].items():
+    return lines
+
+
+def _profile_lines(profiles: dict[str, Any]) -> list[str]:
+    lines = []
+    for kind, prof in profiles.items():
         lines += [
             "",
             f"Profile of {kind} (process mode, {prof['runs']} runs, "
@@ -978,91 +971,69 @@ def render(report: dict[str, Any]) -> str:
         ]
         for area, us in list(prof["by_area_us_per_step"].items())[:8]:
             lines.append(f"  {us:>8.2f}  {area}")
-    lines += ["", "Targets (reported, not asserted)"]
-    for name, t in report["targets"].items():
+    return lines
+
+
+def _target_lines(targets: dict[str, Any]) -> list[str]:
+    lines = ["", "Targets (reported, not asserted)"]
+    for name, t in targets.items():
         verdict = "met" if t["met"] else "NOT met"
         lines.append(
             f"  {name:<38} target <= {t['target']:<6} measured {t['measured']:<8} {verdict}"
         )
-    return "\n".join(lines)
+    return lines
 
 
-def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+# -- the run --------------------------------------------------------------------------------
+
+
+def measure(work: Path, quick: bool) -> Report:
+    plan = QUICK if quick else FULL
+    probe = Outbox(work / "probe.txt")(0, TOPIC)
+    report: Report = {
+        **harness.header("W40", SCHEMA, quick, work, plan.fsync_samples),
+        "workload": {
+            "steps": STEPS,
+            "model_calls": 1,
+            "tool_calls": TOOL_CALLS,
+            "tool_result_bytes": len(json.dumps(probe, separators=(",", ":"))),
+        },
+        "repetitions": {
+            "warmup": plan.warmup,
+            "overhead": plan.overhead_reps,
+            "dry_replay": plan.replay_reps,
+            "resume": plan.resume_reps,
+            "scaling": plan.scaling_reps,
+            "profile_runs": plan.profile_runs,
+            "census_runs": plan.census_runs,
+        },
+    }
+    raw: dict[str, Any] = {}
+    report["overhead"], report["plain_loop"] = measure_overhead(work, plan, raw)
+    report["replay"] = measure_replay(work, plan)
+    report["resume_slope"] = measure_resume_slope(work, plan)
+    report["scaling"] = measure_scaling(work, plan, raw)
+    report["census"] = measure_census(work, plan, report["overhead"])
+    add_sync_floor(report["overhead"], report["census"], report["machine"]["fdatasync_us_median"])
+    say("[5/5] profiles (process mode): executing runs, resuming runs")
+    report["profile"] = {
+        "execute": profile_execution(work, plan),
+        "resume": profile_resume(work, plan),
+    }
+    report["targets"] = assess(report)
+    report["raw_run_us"] = raw
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(
-        "w40",
-        __doc__,
-        "a few repetitions of everything: exercises the code, figures are noise",
+    return harness.main(
         argv,
+        name="w40",
+        doc=__doc__,
+        quick_help="a few repetitions of everything: exercises the code, figures are noise",
+        measure=measure,
+        render=render,
     )
-
-    plan = QUICK if args.quick else FULL
-    started = time.perf_counter()
-    work = scratch_dir(args.tmp_dir)
-    try:
-        report: dict[str, Any] = {
-            "benchmark": "W40",
-            "schema": SCHEMA,
-            "timestamp": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-            "quick": bool(args.quick),
-            "machine": machine_info(work, plan),
-            "workload": {
-                "steps": STEPS,
-                "model_calls": 1,
-                "tool_calls": TOOL_CALLS,
-                "tool_result_bytes": len(
-                    json.dumps(Outbox(work / "probe.txt")(0, TOPIC), separators=(",", ":"))
-                ),
-            },
-            "repetitions": {
-                "warmup": plan.warmup,
-                "overhead": plan.overhead_reps,
-                "dry_replay": plan.replay_reps,
-                "resume": plan.resume_reps,
-                "scaling": plan.scaling_reps,
-                "profile_runs": plan.profile_runs,
-                "census_runs": plan.census_runs,
-            },
-        }
-        raw: dict[str, Any] = {}
-        report["overhead"], report["plain_loop"] = measure_overhead(work, plan, raw)
-        report["replay"] = measure_replay(work, plan)
-        report["resume_slope"] = measure_resume_slope(work, plan)
-        report["scaling"] = measure_scaling(work, plan, raw)
-        _say("[4/5] census of store work per run")
-        report["census"] = {
-            label: census(
-                work,
-                label,
-                f["durability"],
-                None if f["tool_mode"] == "AT_MOST_ONCE" else f["tool_mode"],
-                plan.census_runs,
-            )
-            for label, f in report["overhead"].items()
-        }
-        sync_us = report["machine"]["fdatasync_us_median"]
-        for label, f in report["overhead"].items():
-            durable = report["census"][label]["durable_commits_per_run"]
-            f["durable_commits_per_run"] = durable
-            f["sync_floor_ms_per_step"] = round(durable * sync_us / STEPS / 1e3, 4)
-        _say("[5/5] profiles (process mode): executing runs, resuming runs")
-        report["profile"] = {
-            "execute": profile_execution(work, plan),
-            "resume": profile_resume(work, plan),
-        }
-        report["targets"] = assess(report)
-        report["raw_run_us"] = raw
-        report["elapsed_s"] = round(time.perf_counter() - started, 1)
-    finally:
-        release_scratch(work, args.keep)
-
-    out = write_json(args.out, report)
-    print(render(report))
-    print(f"\nwrote {out} in {report['elapsed_s']} s")
-    return 0
 
 
 if __name__ == "__main__":

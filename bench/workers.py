@@ -42,14 +42,12 @@ Databases live in a temporary directory on a real disk (never tmpfs: fsync must 
 
 from __future__ import annotations
 
-import datetime as _dt
+import inspect
 import json
 import os
-import platform
 import random
 import re
 import signal
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -60,20 +58,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import durabl
-from bench.output import parse_args, release_scratch, write_json
-from bench.w40 import filesystem_of, git_commit, percentile, scratch_dir, sync_latency
+from bench import harness
+from bench.harness import Report, percentile, rotations, say, summary
 from bench.workload import EXPECTED, OUTBOX_ENV, SLEEP_ENV, STEPS, TOOL_CALLS, TOPIC
-from durabl import leases
+from durabl import Runtime
+from durabl.events import Event
+from durabl.store import RunRow, SQLiteStore
 
 SCHEMA = 1
 """Version of the layout of the JSON this script writes."""
-REPO = Path(__file__).resolve().parent.parent
 APP = "bench.worker_app"
 CONCURRENCY = 1
 """Runs each worker process drives at once."""
 DEFAULT_POLL_S = 1.0
 """The command line's default ``--poll``."""
+LEASE_S: float = inspect.signature(Runtime).parameters["lease_s"].default
+"""The lease a worker holds on a run: workers build their runtime with the default ``lease_s``."""
 
 
 @dataclass(frozen=True)
@@ -162,20 +162,19 @@ print(json.dumps(made))
 """Creates runs and leaves each RUNNING with this (soon dead) process as its lease owner."""
 
 SERVE = """
-import sys
-from durabl import cli
-from durabl.runtime import Runtime
-db, durability, poll, concurrency = sys.argv[1:5]
-import logging
+import logging, sys
+from durabl import Runtime, cli
+db, durability, poll, concurrency, app = sys.argv[1:6]
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-options = cli.load_modules([sys.argv[5]])
+options = cli.load_modules([app])
 args = cli.build_parser().parse_args(
     ["--db", db, "worker", "--poll", poll, "--concurrency", concurrency]
 )
 with Runtime(db, durability=durability, **options) as rt:
-    raise SystemExit(cli._worker(args, rt))
+    raise SystemExit(args.handler(args, rt))
 """
-"""``durabl worker`` on a runtime of the given durability (the command line has no flag for it)."""
+"""``durabl worker`` on a runtime of the given durability, which the command line has no flag
+for: its own parser picks the worker command's handler, called the way its ``main`` calls it."""
 
 STOPPED = re.compile(r"worker stopped: (\d+) drives, (\d+) runs completed")
 
@@ -210,7 +209,7 @@ def launcher(durability: str) -> str:
 
 def bench_env(outbox: Path, step_sleep_s: float = 0.0) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DURABL_BENCH_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(harness.REPO), env.get("PYTHONPATH")]))
     env[OUTBOX_ENV] = str(outbox)
     if step_sleep_s > 0:
         env[SLEEP_ENV] = repr(step_sleep_s)
@@ -223,7 +222,7 @@ def create_runs(
     """Runs created by a process that is gone by the time this returns."""
     proc = subprocess.run(
         [sys.executable, "-c", SETUP, str(db), durability, prefix, str(first), str(count)],
-        cwd=REPO,
+        cwd=harness.REPO,
         env=env,
         capture_output=True,
         text=True,
@@ -269,7 +268,7 @@ class Worker:
         self.spawned_s = time.time()
         self.proc = subprocess.Popen(
             worker_argv(db, durability, poll_s),
-            cwd=REPO,
+            cwd=harness.REPO,
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -352,50 +351,71 @@ class Worker:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
 
+def stop_all(workers: Sequence[Worker]) -> None:
+    """SIGTERM every worker at once, then reap each: none waits for another to finish."""
+    for w in workers:
+        w.terminate()
+    for w in workers:
+        w.stop()
+
+
+def kill_leftovers(workers: Sequence[Worker]) -> None:
+    """After a failure: no worker process may outlive the benchmark."""
+    for w in workers:
+        if w.alive():
+            w.proc.kill()
+            w.proc.wait()
+
+
 # -- reading the database (read-only) -------------------------------------------------------
 
 
 class Monitor:
-    """A read-only view of the database while workers write to it."""
+    """The database while workers write to it, read through a read-only store, the way the
+    command line reads it. A run's log is read on from where the last look stopped: the
+    takeover case looks every few milliseconds, and a look must cost next to nothing."""
 
     def __init__(self, db: Path) -> None:
-        self.conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, isolation_level=None)
-        self.conn.execute("PRAGMA busy_timeout = 10000")
+        self.store = SQLiteStore(db, read_only=True)
+        self._logs: dict[str, list[Event]] = {}
 
     def close(self) -> None:
-        self.conn.close()
-
-    def rows(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-        return self.conn.execute(sql, params).fetchall()
+        self.store.close()
 
     def statuses(self) -> Counter[str]:
-        return Counter(dict(self.rows("SELECT status, COUNT(*) FROM runs GROUP BY status")))
+        return Counter(row.status for row in self.store.list_runs())
+
+    def run(self, run_id: str) -> RunRow:
+        row = self.store.get_run(run_id)
+        if row is None:
+            raise BenchError(f"no run {run_id} in {self.store.path}")
+        return row
 
     def status(self, run_id: str) -> str:
-        return str(self.rows("SELECT status FROM runs WHERE run_id = ?", run_id)[0][0])
+        return self.run(run_id).status
+
+    def log(self, run_id: str) -> list[Event]:
+        seen = self._logs.setdefault(run_id, [])
+        seen += self.store.load_log(run_id, seen[-1].seq if seen else 0)
+        return seen
 
     def resumes(self, run_id: str) -> list[tuple[int, float, dict[str, Any]]]:
-        found = self.rows(
-            "SELECT seq, at_s, data FROM events WHERE run_id = ? AND kind = 'RUN_RESUMED' "
-            "ORDER BY seq",
-            run_id,
-        )
-        return [(seq, at_s, json.loads(data)) for seq, at_s, data in found]
+        return [
+            (e.seq, e.at_s, json.loads(e.data or "{}"))
+            for e in self.log(run_id)
+            if e.kind == "RUN_RESUMED"
+        ]
 
     def completed_steps(self, run_id: str, after_seq: int = 0) -> list[tuple[int, float]]:
         return [
-            (seq, at_s)
-            for seq, at_s in self.rows(
-                "SELECT seq, at_s FROM events WHERE run_id = ? AND kind = 'STEP_COMPLETED' "
-                "AND seq > ? ORDER BY seq",
-                run_id,
-                after_seq,
-            )
+            (e.seq, e.at_s)
+            for e in self.log(run_id)
+            if e.kind == "STEP_COMPLETED" and e.seq > after_seq
         ]
 
     def lease_expires_s(self, run_id: str) -> float | None:
-        value = self.rows("SELECT lease_expires_s FROM runs WHERE run_id = ?", run_id)[0][0]
-        return None if value is None else float(value)
+        lease = self.run(run_id).lease
+        return None if lease is None else lease.expires_s
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout_s: float, every_s: float = 0.005) -> Any:
@@ -411,19 +431,7 @@ def wait_for(what: str, check: Callable[[], Any], timeout_s: float, every_s: flo
 
 def verify(db: Path, outbox: Path, run_ids: Sequence[str], *, keyed: bool) -> dict[str, Any]:
     """Every run COMPLETED with W40's result, every log gapless, every effect exactly once."""
-    mon = Monitor(db)
-    try:
-        runs = {
-            run_id: (status, result)
-            for run_id, status, result in mon.rows("SELECT run_id, status, result FROM runs")
-        }
-        log: dict[str, list[tuple[int, str, str | None, float]]] = {}
-        for run_id, seq, kind, data, at_s in mon.rows(
-            "SELECT run_id, seq, kind, data, at_s FROM events ORDER BY run_id, seq"
-        ):
-            log.setdefault(run_id, []).append((seq, kind, data, at_s))
-    finally:
-        mon.close()
+    runs, logs = read_back(db)
     if set(runs) != set(run_ids):
         raise BenchError(f"the database holds {len(runs)} runs, expected {len(run_ids)}")
     resumed_by: Counter[int] = Counter()
@@ -431,29 +439,63 @@ def verify(db: Path, outbox: Path, run_ids: Sequence[str], *, keyed: bool) -> di
     dispatches = 0
     first_resumed_s, last_completed_s = float("inf"), 0.0
     for run_id in run_ids:
-        status, result = runs[run_id]
-        if status != "COMPLETED" or json.loads(result) != EXPECTED:
-            raise BenchError(f"run {run_id} is {status} with result {result}")
-        events = log.get(run_id, [])
-        seqs = [e[0] for e in events]
-        if seqs != list(range(1, len(events) + 1)):
-            raise BenchError(f"run {run_id}: the log is not gapless: seqs {seqs}")
-        kinds = Counter(e[1] for e in events)
-        if (
-            kinds["RUN_STARTED"] != 1
-            or kinds["RUN_COMPLETED"] != 1
-            or events[-1][1] != ("RUN_COMPLETED")
-        ):
-            raise BenchError(f"run {run_id}: unexpected log shape {dict(kinds)}")
-        if kinds["STEP_COMPLETED"] != STEPS:
-            raise BenchError(f"run {run_id}: {kinds['STEP_COMPLETED']} steps completed")
-        dispatches += kinds["TOOL_DISPATCHED"]
-        resumes = [e for e in events if e[1] == "RUN_RESUMED"]
+        events = check_log(runs[run_id], logs[run_id])
+        dispatches += sum(1 for e in events if e.kind == "TOOL_DISPATCHED")
+        resumes = [e for e in events if e.kind == "RUN_RESUMED"]
         resumes_per_run[len(resumes)] += 1
-        for _, _, data, at_s in resumes:
-            resumed_by[json.loads(data or "{}")["pid"]] += 1
-            first_resumed_s = min(first_resumed_s, at_s)
-        last_completed_s = max(last_completed_s, events[-1][3])
+        for e in resumes:
+            resumed_by[json.loads(e.data or "{}")["pid"]] += 1
+            first_resumed_s = min(first_resumed_s, e.at_s)
+        last_completed_s = max(last_completed_s, events[-1].at_s)
+    return {
+        "runs": len(run_ids),
+        "events": sum(len(log) for log in logs.values()),
+        "effects": check_outbox(outbox, run_ids, keyed=keyed),
+        "effects_exactly_once": True,
+        "logs_gapless": True,
+        "tool_dispatches": dispatches,
+        "runs_by_resume_count": {str(k): v for k, v in sorted(resumes_per_run.items())},
+        "runs_by_pid": dict(resumed_by),
+        "first_resumed_s": first_resumed_s,
+        "last_completed_s": last_completed_s,
+    }
+
+
+def read_back(db: Path) -> tuple[dict[str, RunRow], dict[str, list[Event]]]:
+    """Every run's row and whole log, through a read-only store (which checks every event's
+    checksum on the way)."""
+    store = SQLiteStore(db, read_only=True)
+    try:
+        runs = {row.run_id: row for row in store.list_runs()}
+        return runs, {run_id: store.load_log(run_id) for run_id in runs}
+    finally:
+        store.close()
+
+
+def check_log(row: RunRow, events: list[Event]) -> list[Event]:
+    """The run finished with W40's result, and its log is whole: seqs 1..N with no gap, one
+    RUN_STARTED, every step completed, RUN_COMPLETED last."""
+    run_id = row.run_id
+    if row.status != "COMPLETED" or json.loads(row.result_text or "null") != EXPECTED:
+        raise BenchError(f"run {run_id} is {row.status} with result {row.result_text}")
+    seqs = [e.seq for e in events]
+    if seqs != list(range(1, len(events) + 1)):
+        raise BenchError(f"run {run_id}: the log is not gapless: seqs {seqs}")
+    kinds = Counter(e.kind for e in events)
+    if (
+        kinds["RUN_STARTED"] != 1
+        or kinds["RUN_COMPLETED"] != 1
+        or events[-1].kind != "RUN_COMPLETED"
+    ):
+        raise BenchError(f"run {run_id}: unexpected log shape {dict(kinds)}")
+    if kinds["STEP_COMPLETED"] != STEPS:
+        raise BenchError(f"run {run_id}: {kinds['STEP_COMPLETED']} steps completed")
+    return events
+
+
+def check_outbox(outbox: Path, run_ids: Sequence[str], *, keyed: bool) -> int:
+    """One line per tool call of every run, no more and no fewer (and, when the tool is keyed,
+    no key twice): the effects happened exactly once. Returns the number of effects."""
     lines = outbox.read_text(encoding="utf-8").splitlines()
     if keyed:
         keys = Counter(line.split("\t", 1)[0] for line in lines)
@@ -469,17 +511,18 @@ def verify(db: Path, outbox: Path, run_ids: Sequence[str], *, keyed: bool) -> di
             f"the outbox is not one line per tool call: {sum(missing.values())} missing, "
             f"{sum(extra.values())} extra (e.g. {list(missing or extra)[:3]})"
         )
+    return sum(effects.values())
+
+
+def disk_probe(work: Path, samples: int) -> dict[str, Any]:
+    """4 KiB append + fdatasync, ``samples`` times. The mean shows what the median hides: a
+    virtual disk that throttles sustained syncing stalls some of them for milliseconds."""
+    times = harness.sync_times_us(work, os.fdatasync, samples)
     return {
-        "runs": len(run_ids),
-        "events": sum(len(v) for v in log.values()),
-        "effects": sum(effects.values()),
-        "effects_exactly_once": True,
-        "logs_gapless": True,
-        "tool_dispatches": dispatches,
-        "runs_by_resume_count": {str(k): v for k, v in sorted(resumes_per_run.items())},
-        "runs_by_pid": dict(resumed_by),
-        "first_resumed_s": first_resumed_s,
-        "last_completed_s": last_completed_s,
+        "fdatasync_us_median": round(statistics.median(times), 1),
+        "fdatasync_us_p95": round(percentile(times, 95), 1),
+        "fdatasync_us_mean": round(statistics.fmean(times), 1),
+        "samples": samples,
     }
 
 
@@ -489,6 +532,8 @@ def verify(db: Path, outbox: Path, run_ids: Sequence[str], *, keyed: bool) -> di
 def throughput_once(
     work: Path, plan: Plan, durability: str, workers: int, rep: int
 ) -> dict[str, Any]:
+    """One repetition: ``plan.runs`` runs left behind by a dead setup process, drained by
+    ``workers`` fresh worker processes on a fresh database."""
     folder = work / f"throughput-{durability}-{workers}w-{rep}"
     folder.mkdir()
     db, outbox = folder / "workers.db", folder / "outbox.txt"
@@ -497,39 +542,7 @@ def throughput_once(
     t_setup = time.perf_counter()
     run_ids = create_runs(db, durability, "r", 0, plan.runs, env)
     setup_s = time.perf_counter() - t_setup
-    mon = Monitor(db)
-    procs: list[Worker] = []
-    try:
-        if mon.statuses() != Counter({"RUNNING": plan.runs}):
-            raise BenchError(f"after setup the runs are {dict(mon.statuses())}")
-        spawned_s = time.time()
-        procs = [Worker(db, durability, DEFAULT_POLL_S, env) for _ in range(workers)]
-        deadline = time.monotonic() + plan.timeout_s
-        while True:
-            counts = mon.statuses()
-            if counts["COMPLETED"] == plan.runs:
-                break
-            stray = {k: v for k, v in counts.items() if k not in ("RUNNING", "COMPLETED")}
-            if stray:
-                raise BenchError(f"runs left the happy path: {stray}")
-            dead = [w.pid for w in procs if not w.alive()]
-            if dead or time.monotonic() > deadline:
-                raise BenchError(
-                    f"{counts['COMPLETED']}/{plan.runs} runs done; workers exited: {dead}"
-                )
-            time.sleep(0.05)
-        for w in procs:
-            w.wait_ready()  # a worker that found no run left may still be starting up
-        for w in procs:
-            w.terminate()  # all at once, then reap each
-        for w in procs:
-            w.stop()
-    finally:
-        mon.close()
-        for w in procs:
-            if w.alive():
-                w.proc.kill()
-                w.proc.wait()
+    spawned_s, procs = drain(db, durability, workers, env, plan)
     checked = verify(db, outbox, run_ids, keyed=False)
     if checked["runs_by_resume_count"] != {"1": plan.runs}:
         raise BenchError(f"runs resumed other than once: {checked['runs_by_resume_count']}")
@@ -538,20 +551,76 @@ def throughput_once(
     reported = sum(w.completed or 0 for w in procs)
     if reported != plan.runs:
         raise BenchError(f"the workers report {reported} completed runs, expected {plan.runs}")
-    by_pid = checked["runs_by_pid"]
-    span_s = checked["last_completed_s"] - checked["first_resumed_s"]
-    wall_s = checked["last_completed_s"] - spawned_s
-    steps = plan.runs * STEPS
     return {
         "rep": rep,
+        **rates(checked, spawned_s, plan.runs),
+        "setup_s": round(setup_s, 3),
+        **by_worker(checked, procs),
+    }
+
+
+def drain(
+    db: Path, durability: str, workers: int, env: dict[str, str], plan: Plan
+) -> tuple[float, list[Worker]]:
+    """Spawn ``workers`` worker processes on runs left RUNNING, wait until every run is
+    COMPLETED, and stop them. Returns when they were spawned (wall clock, as the log's times)
+    and the stopped workers."""
+    mon = Monitor(db)
+    procs: list[Worker] = []
+    try:
+        if mon.statuses() != Counter({"RUNNING": plan.runs}):
+            raise BenchError(f"after setup the runs are {dict(mon.statuses())}")
+        spawned_s = time.time()
+        procs = [Worker(db, durability, DEFAULT_POLL_S, env) for _ in range(workers)]
+        wait_until_completed(mon, procs, plan)
+        for w in procs:
+            w.wait_ready()  # a worker that found no run left may still be starting up
+        stop_all(procs)
+    finally:
+        mon.close()
+        kill_leftovers(procs)
+    return spawned_s, procs
+
+
+def wait_until_completed(mon: Monitor, procs: Sequence[Worker], plan: Plan) -> None:
+    """Until all ``plan.runs`` runs are COMPLETED; a run in any state but RUNNING or COMPLETED,
+    a worker that exits, or the timeout is an error."""
+    deadline = time.monotonic() + plan.timeout_s
+    while True:
+        counts = mon.statuses()
+        if counts["COMPLETED"] == plan.runs:
+            return
+        stray = {k: v for k, v in counts.items() if k not in ("RUNNING", "COMPLETED")}
+        if stray:
+            raise BenchError(f"runs left the happy path: {stray}")
+        dead = [w.pid for w in procs if not w.alive()]
+        if dead or time.monotonic() > deadline:
+            raise BenchError(f"{counts['COMPLETED']}/{plan.runs} runs done; workers exited: {dead}")
+        time.sleep(0.05)
+
+
+def rates(checked: dict[str, Any], spawned_s: float, runs: int) -> dict[str, Any]:
+    """Runs and steps per second over the log's span (first RUN_RESUMED to last RUN_COMPLETED),
+    and end to end, from the workers' spawn."""
+    span_s = checked["last_completed_s"] - checked["first_resumed_s"]
+    wall_s = checked["last_completed_s"] - spawned_s
+    steps = runs * STEPS
+    return {
         "span_s": round(span_s, 4),
         "end_to_end_s": round(wall_s, 4),
-        "runs_per_s": round(plan.runs / span_s, 2),
+        "runs_per_s": round(runs / span_s, 2),
         "steps_per_s": round(steps / span_s, 1),
-        "end_to_end_runs_per_s": round(plan.runs / wall_s, 2),
+        "end_to_end_runs_per_s": round(runs / wall_s, 2),
         "end_to_end_steps_per_s": round(steps / wall_s, 1),
         "startup_s": round(checked["first_resumed_s"] - spawned_s, 4),
-        "setup_s": round(setup_s, 3),
+    }
+
+
+def by_worker(checked: dict[str, Any], procs: Sequence[Worker]) -> dict[str, Any]:
+    """How the work fell on the workers (from the log and from their own counts), and the
+    checks' totals."""
+    by_pid = checked["runs_by_pid"]
+    return {
         "runs_by_worker": [by_pid.get(w.pid, 0) for w in procs],
         "completed_by_worker": [w.completed for w in procs],
         "drives_by_worker": [w.drives for w in procs],
@@ -567,60 +636,89 @@ def measure_throughput(work: Path, plan: Plan) -> tuple[dict[str, Any], int]:
     """Rounds of one repetition of every configuration, in a rotating order, until
     ``throughput_reps`` rounds are done or the time budget is spent (one round at least: a disk
     whose fsyncs are throttled under sustained load can make full durability very slow)."""
+    samples, rounds = throughput_rounds(work, plan)
+    figures: dict[str, Any] = {}
+    for durability in plan.durabilities:
+        base = statistics.median(s["runs_per_s"] for s in samples[(durability, 1)])
+        figures[durability] = {
+            str(workers): throughput_figures(
+                durability, workers, samples[(durability, workers)], base, plan.runs
+            )
+            for workers in plan.worker_counts
+        }
+    return figures, rounds
+
+
+def throughput_rounds(
+    work: Path, plan: Plan
+) -> tuple[dict[tuple[str, int], list[dict[str, Any]]], int]:
+    """The samples of every (durability, workers) configuration, and how many rounds ran."""
     configs = [(d, n) for d in plan.durabilities for n in plan.worker_counts]
     samples: dict[tuple[str, int], list[dict[str, Any]]] = {c: [] for c in configs}
     total = len(configs) * plan.throughput_reps
     done = rounds = 0
     started = time.monotonic()
-    for rep in range(plan.throughput_reps):
+    for rep, order in enumerate(rotations(configs, plan.throughput_reps)):
         if rep and time.monotonic() - started > plan.throughput_budget_s:
-            _say(f"  time budget spent: {rep} round(s) of {plan.throughput_reps}")
+            say(f"  time budget spent: {rep} round(s) of {plan.throughput_reps}")
             break
         rounds += 1
-        shift = rep % len(configs)
-        for durability, workers in [*configs[shift:], *configs[:shift]]:
+        for durability, workers in order:
             sample = throughput_once(work, plan, durability, workers, rep)
             samples[(durability, workers)].append(sample)
             done += 1
-            _say(
+            say(
                 f"  [{done}/{total}] {durability:<7} {workers} worker(s): "
                 f"{sample['runs_per_s']:.1f} runs/s, {sample['steps_per_s']:.0f} steps/s, "
                 f"runs per worker {sample['runs_by_worker']}"
             )
-    figures: dict[str, Any] = {}
-    for durability in plan.durabilities:
-        figures[durability] = {}
-        base = statistics.median(s["runs_per_s"] for s in samples[(durability, 1)])
-        for workers in plan.worker_counts:
-            ss = samples[(durability, workers)]
-            runs_per_s = statistics.median(s["runs_per_s"] for s in ss)
-            figures[durability][str(workers)] = {
-                "workers": workers,
-                "durability": durability,
-                "reps": len(ss),
-                "runs_per_s_median": round(runs_per_s, 2),
-                "steps_per_s_median": round(statistics.median(s["steps_per_s"] for s in ss), 1),
-                "runs_per_s_min": round(min(s["runs_per_s"] for s in ss), 2),
-                "runs_per_s_max": round(max(s["runs_per_s"] for s in ss), 2),
-                "end_to_end_runs_per_s_median": round(
-                    statistics.median(s["end_to_end_runs_per_s"] for s in ss), 2
-                ),
-                "end_to_end_steps_per_s_median": round(
-                    statistics.median(s["end_to_end_steps_per_s"] for s in ss), 1
-                ),
-                "speedup_vs_1_worker": round(runs_per_s / base, 3),
-                "cpu_ms_per_run_median": round(
-                    statistics.median(sum(s["cpu_s_by_worker"]) / plan.runs for s in ss) * 1e3,
-                    3,
-                ),
-                "effects_exactly_once": all(s["effects_exactly_once"] for s in ss),
-                "logs_gapless": all(s["logs_gapless"] for s in ss),
-                "samples": ss,
-            }
-    return figures, rounds
+    return samples, rounds
+
+
+def throughput_figures(
+    durability: str, workers: int, ss: list[dict[str, Any]], base: float, runs: int
+) -> dict[str, Any]:
+    """Medians over the repetitions of one configuration; ``base`` is the median rate of one
+    worker of the same durability."""
+    runs_per_s = statistics.median(s["runs_per_s"] for s in ss)
+    return {
+        "workers": workers,
+        "durability": durability,
+        "reps": len(ss),
+        "runs_per_s_median": round(runs_per_s, 2),
+        "steps_per_s_median": round(statistics.median(s["steps_per_s"] for s in ss), 1),
+        "runs_per_s_min": round(min(s["runs_per_s"] for s in ss), 2),
+        "runs_per_s_max": round(max(s["runs_per_s"] for s in ss), 2),
+        "end_to_end_runs_per_s_median": round(
+            statistics.median(s["end_to_end_runs_per_s"] for s in ss), 2
+        ),
+        "end_to_end_steps_per_s_median": round(
+            statistics.median(s["end_to_end_steps_per_s"] for s in ss), 1
+        ),
+        "speedup_vs_1_worker": round(runs_per_s / base, 3),
+        "cpu_ms_per_run_median": round(
+            statistics.median(sum(s["cpu_s_by_worker"]) / runs for s in ss) * 1e3, 3
+        ),
+        "effects_exactly_once": all(s["effects_exactly_once"] for s in ss),
+        "logs_gapless": all(s["logs_gapless"] for s in ss),
+        "samples": ss,
+    }
 
 
 # -- part 2: takeover after SIGKILL ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Kill:
+    """One SIGKILL of the worker driving a run, and what stood at that instant."""
+
+    killed_pid: int
+    killed_s: float  # wall clock, as the log's times
+    kill_after_s: float  # after the pickup
+    steps_done: int
+    lease_expires_s: float | None
+    standby_idle_s: float
+    standby_idle_cpu_share: float | None  # None when no standby's CPU time could be read
 
 
 class Takeover:
@@ -660,7 +758,7 @@ class Takeover:
             for rep in range(case.reps):
                 sample = self.once(rep)
                 samples.append(sample)
-                _say(
+                say(
                     f"  {case.label} [{rep + 1}/{case.reps}]: killed after "
                     f"{sample['steps_done_at_kill']} steps; taken over in "
                     f"{sample['latency_s'] * 1e3:.0f} ms"
@@ -668,80 +766,105 @@ class Takeover:
                 if case.standby == "running":
                     self.spawn().wait_ready()  # a new standby in place of the killed worker
                     self.settle()
-            for w in self.pool:
-                w.terminate()
-            for w in self.pool:
-                w.stop()
+            stop_all(self.pool)
         finally:
             self.mon.close()
-            for w in self.every:
-                if w.alive():
-                    w.proc.kill()
-                    w.proc.wait()
+            kill_leftovers(self.every)
         return self.figures(samples)
 
     def once(self, rep: int) -> dict[str, Any]:
         """Start a slow run, SIGKILL the worker driving it mid-run, time the takeover."""
-        mon, plan, case = self.mon, self.plan, self.case
-        (run_id,) = create_runs(self.db, case.durability, "t", rep, 1, self.env)
+        (run_id,) = create_runs(self.db, self.case.durability, "t", rep, 1, self.env)
         self.run_ids.append(run_id)
-        first = wait_for(f"a worker to take run {run_id}", lambda: mon.resumes(run_id), 30.0)
-        driver = next((w for w in self.pool if w.pid == first[0][2]["pid"]), None)
+        first = wait_for(f"a worker to take run {run_id}", lambda: self.mon.resumes(run_id), 30.0)
+        picked_up_s, pid = first[0][1], first[0][2]["pid"]
+        driver = next((w for w in self.pool if w.pid == pid), None)
         if driver is None:
-            raise BenchError(f"run {run_id} was taken by pid {first[0][2]['pid']}, not a worker")
+            raise BenchError(f"run {run_id} was taken by pid {pid}, not a worker")
         standby = next((w for w in self.pool if w is not driver), None)
-        standby_cpu0 = None if standby is None else cpu_s(standby.pid)
-        standby_t0 = time.monotonic()
+        kill = self.kill_mid_run(run_id, driver, standby, picked_up_s)
+        if self.case.standby == "started_after_kill":
+            standby = self.spawn()
+        assert standby is not None
+        resumed, first_step_s = self.taken_over(run_id, standby)
+        return self.sample(rep, kill, resumed, first_step_s, standby)
+
+    def kill_mid_run(
+        self, run_id: str, driver: Worker, standby: Worker | None, picked_up_s: float
+    ) -> Kill:
+        """SIGKILL ``driver`` while it drives ``run_id`` (and reap it at once), noting the
+        standby's CPU use while it waited."""
+        mon = self.mon
+        cpu0 = None if standby is None else cpu_s(standby.pid)
+        waited_from = time.monotonic()
         # A delay spread evenly over one poll interval puts the kill at a uniformly random
         # instant of the waiting worker's polling cycle (and inside some step).
-        kill_after_s = plan.kill_after_s + self.rng.uniform(0, case.poll_s)
-        time.sleep(max(0.0, first[0][1] + kill_after_s - time.time()))
-        done_at_kill = len(mon.completed_steps(run_id))
+        kill_after_s = self.plan.kill_after_s + self.rng.uniform(0, self.case.poll_s)
+        time.sleep(max(0.0, picked_up_s + kill_after_s - time.time()))
+        steps_done = len(mon.completed_steps(run_id))
         expires_s = mon.lease_expires_s(run_id)
-        if mon.status(run_id) != "RUNNING" or done_at_kill >= STEPS:
+        if mon.status(run_id) != "RUNNING" or steps_done >= STEPS:
             raise BenchError(f"run {run_id} finished before the kill")
-        standby_cpu1 = None if standby is None else cpu_s(standby.pid)
-        standby_idle_s = time.monotonic() - standby_t0
+        cpu1 = None if standby is None else cpu_s(standby.pid)
+        idle_s = time.monotonic() - waited_from
         killed_s = time.time()
         driver.kill()
         self.pool.remove(driver)
-        if case.standby == "started_after_kill":
-            standby = self.spawn()
-        assert standby is not None
+        idle_share = None
+        if cpu0 is not None and cpu1 is not None and idle_s > 0:
+            idle_share = round((cpu1 - cpu0) / idle_s, 4)
+        return Kill(driver.pid, killed_s, kill_after_s, steps_done, expires_s, idle_s, idle_share)
+
+    def taken_over(
+        self, run_id: str, standby: Worker
+    ) -> tuple[tuple[int, float, dict[str, Any]], float]:
+        """Wait for ``standby`` to take ``run_id`` over and finish it. Returns its RUN_RESUMED
+        (seq, time, data) and when it completed its first step."""
+        mon, timeout_s = self.mon, self.plan.timeout_s
         resumes = wait_for(
             f"a second worker to take run {run_id} over",
             lambda: (r := mon.resumes(run_id)) and len(r) >= 2 and r,
-            plan.timeout_s,
+            timeout_s,
             0.002,
         )
-        seq, resumed_s, boundary = resumes[1]
+        seq, _, boundary = resumes[1]
         if boundary["pid"] != standby.pid:
             raise BenchError(f"run {run_id} was taken over by {boundary['pid']}")
         stepped = wait_for(
             f"the first step the second worker completes in run {run_id}",
             lambda: mon.completed_steps(run_id, seq),
-            plan.timeout_s,
+            timeout_s,
         )
         wait_for(f"run {run_id} to complete", lambda: mon.status(run_id) == "COMPLETED", 60.0)
-        idle_share = None
-        if standby_cpu0 is not None and standby_cpu1 is not None and standby_idle_s > 0:
-            idle_share = round((standby_cpu1 - standby_cpu0) / standby_idle_s, 4)
+        return resumes[1], stepped[0][1]
+
+    def sample(
+        self,
+        rep: int,
+        kill: Kill,
+        resumed: tuple[int, float, dict[str, Any]],
+        first_step_s: float,
+        taker: Worker,
+    ) -> dict[str, Any]:
+        _, resumed_s, boundary = resumed
+        left = None if kill.lease_expires_s is None else kill.lease_expires_s - kill.killed_s
+        idle_known = kill.standby_idle_cpu_share is not None
         return {
             "rep": rep,
-            "latency_s": round(resumed_s - killed_s, 4),
-            "first_step_completed_s": round(stepped[0][1] - killed_s, 4),
-            "kill_after_pickup_s": round(kill_after_s, 4),
-            "steps_done_at_kill": done_at_kill,
+            "latency_s": round(resumed_s - kill.killed_s, 4),
+            "first_step_completed_s": round(first_step_s - kill.killed_s, 4),
+            "kill_after_pickup_s": round(kill.kill_after_s, 4),
+            "steps_done_at_kill": kill.steps_done,
             "steps_replayed_by_taker": boundary.get("replayed"),
-            "lease_left_at_kill_s": None if expires_s is None else round(expires_s - killed_s, 3),
-            "killed_pid": driver.pid,
+            "lease_left_at_kill_s": None if left is None else round(left, 3),
+            "killed_pid": kill.killed_pid,
             "taker_pid": boundary["pid"],
             "taker_owner": boundary["owner"],
-            "taker_spawned_after_kill_s": round(standby.spawned_s - killed_s, 4)
-            if case.standby == "started_after_kill"
+            "taker_spawned_after_kill_s": round(taker.spawned_s - kill.killed_s, 4)
+            if self.case.standby == "started_after_kill"
             else None,
-            "standby_idle_s": round(standby_idle_s, 3) if idle_share is not None else None,
-            "standby_idle_cpu_share": idle_share,
+            "standby_idle_s": round(kill.standby_idle_s, 3) if idle_known else None,
+            "standby_idle_cpu_share": kill.standby_idle_cpu_share,
         }
 
     def figures(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -766,7 +889,7 @@ class Takeover:
             "latency_max_over_poll": round(max(latencies) / case.poll_s, 3)
             if case.standby == "running"
             else None,
-            "lease_s": leases.LEASE_S,
+            "lease_s": LEASE_S,
             "lease_left_at_kill_s_min": round(min(lease_left), 3) if lease_left else None,
             "taken_over_before_lease_expiry": all(
                 s["latency_s"] < (s["lease_left_at_kill_s"] or 0) for s in samples
@@ -783,7 +906,7 @@ class Takeover:
 def measure_takeover(work: Path, plan: Plan) -> dict[str, Any]:
     rng = random.Random(7)
     return {
-        "lease_s": leases.LEASE_S,
+        "lease_s": LEASE_S,
         "bound": "On one host a lease whose owner pid is gone is taken at once, without waiting "
         "for its expiry; a worker already running notices at its next look for runs (every "
         "poll_s), a worker started after the kill looks as it starts. latency_s runs from the "
@@ -795,68 +918,34 @@ def measure_takeover(work: Path, plan: Plan) -> dict[str, Any]:
 # -- the report -----------------------------------------------------------------------------
 
 
-def summary(values: Sequence[float], digits: int = 4) -> dict[str, Any]:
-    return {
-        "median": round(statistics.median(values), digits),
-        "p95": round(percentile(values, 95), digits),
-        "min": round(min(values), digits),
-        "max": round(max(values), digits),
-        "mean": round(statistics.fmean(values), digits),
-        "n": len(values),
-    }
+def render(report: Report) -> str:
+    return "\n".join(
+        [
+            *_header_lines(report),
+            *_throughput_lines(report),
+            *_takeover_lines(report["takeover"]),
+            *_check_lines(report["checks"]),
+        ]
+    )
 
 
-def disk_probe(work: Path, samples: int) -> dict[str, Any]:
-    """4 KiB append + fdatasync, ``samples`` times. The mean shows what the median hides: a
-    virtual disk that throttles sustained syncing stalls some of them for milliseconds."""
-    path = work / "sync-probe"
-    times: list[float] = []
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        for _ in range(samples):
-            os.write(fd, b"x" * 4096)
-            t0 = time.perf_counter_ns()
-            os.fdatasync(fd)
-            times.append((time.perf_counter_ns() - t0) / 1e3)
-    finally:
-        os.close(fd)
-        path.unlink()
-    return {
-        "fdatasync_us_median": round(statistics.median(times), 1),
-        "fdatasync_us_p95": round(percentile(times, 95), 1),
-        "fdatasync_us_mean": round(statistics.fmean(times), 1),
-        "samples": samples,
-    }
-
-
-def machine_info(work: Path, plan: Plan) -> dict[str, Any]:
-    return {
-        "cpu_count": os.cpu_count(),
-        "python_version": platform.python_version(),
-        "python_implementation": platform.python_implementation(),
-        "sqlite_version": sqlite3.sqlite_version,
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "durabl_version": durabl.__version__,
-        "git_commit": git_commit(),
-        "scratch_dir": str(work),
-        "scratch_filesystem": filesystem_of(work),
-        **sync_latency(work, plan.fsync_samples),
-    }
-
-
-def render(report: dict[str, Any]) -> str:
+def _header_lines(report: Report) -> list[str]:
     m, w = report["machine"], report["workload"]
     d0, d1 = report["disk"]["before_throughput"], report["disk"]["after_throughput"]
-    lines = [
+    return [
         f"Workers: {w['runs']} W40 runs ({w['steps_per_run']} steps each) on one SQLite file"
-        f"{'  [QUICK: smoke figures only]' if report['quick'] else ''}",
-        f"  {m['platform']}, {m['cpu_count']} CPUs, Python {m['python_version']}, "
-        f"SQLite {m['sqlite_version']}, durabl {m['durabl_version']} ({m['git_commit']})",
+        f"{harness.quick_mark(report)}",
+        harness.machine_line(m),
         f"  scratch: {m['scratch_dir']} ({m['scratch_filesystem']}); 4 KiB append + fdatasync, "
         f"median / mean: {d0['fdatasync_us_median']:g} / {d0['fdatasync_us_mean']:g} us before "
         f"the throughput runs, {d1['fdatasync_us_median']:g} / {d1['fdatasync_us_mean']:g} us "
         f"after",
+    ]
+
+
+def _throughput_lines(report: Report) -> list[str]:
+    w = report["workload"]
+    lines = [
         "",
         f"Throughput ({report['repetitions']['throughput']} reps each, medians; worker processes "
         f"with {w['worker_concurrency']} thread each; rates over first resume -> last "
@@ -873,15 +962,19 @@ def render(report: dict[str, Any]) -> str:
                 f"{f['end_to_end_runs_per_s_median']:>12.1f}{f['cpu_ms_per_run_median']:>12.2f}"
                 f"  {f['samples'][-1]['runs_by_worker']}"
             )
-    lines += [
+    return lines
+
+
+def _takeover_lines(takeover: dict[str, Any]) -> list[str]:
+    lines = [
         "",
         f"Takeover after SIGKILL (kill -> the second worker's first event; lease "
-        f"{leases.LEASE_S:g} s; tool sleeps {report['takeover']['cases'][0]['step_sleep_s']} s "
+        f"{takeover['lease_s']:g} s; tool sleeps {takeover['cases'][0]['step_sleep_s']} s "
         f"per call)",
         f"  {'case':<36}{'reps':>5}{'median ms':>11}{'p95 ms':>9}{'max ms':>9}{'max/poll':>10}"
         f"{'lease left':>12}",
     ]
-    for c in report["takeover"]["cases"]:
+    for c in takeover["cases"]:
         lat = c["latency_s"]
         left = c["lease_left_at_kill_s_min"]
         ratio = "-" if c["latency_max_over_poll"] is None else f"{c['latency_max_over_poll']:.2f}"
@@ -890,8 +983,11 @@ def render(report: dict[str, Any]) -> str:
             f"{lat['max'] * 1e3:>9.0f}{ratio:>10}"
             f"{'' if left is None else f'{left:.1f} s':>12}"
         )
-    checks = report["checks"]
-    lines += [
+    return lines
+
+
+def _check_lines(checks: dict[str, Any]) -> list[str]:
+    return [
         "",
         "  lease left: the least lease time remaining at any kill. Every takeover came long "
         "before expiry:",
@@ -903,71 +999,60 @@ def render(report: dict[str, Any]) -> str:
         f"{checks['logs_gapless']}, takeovers before lease expiry "
         f"{checks['taken_over_before_lease_expiry']}",
     ]
-    return "\n".join(lines)
 
 
-def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+# -- the run --------------------------------------------------------------------------------
+
+
+def measure(work: Path, quick: bool) -> Report:
+    plan = QUICK if quick else FULL
+    report: Report = {
+        **harness.header("workers", SCHEMA, quick, work, plan.fsync_samples),
+        "workload": {
+            "runs": plan.runs,
+            "steps_per_run": STEPS,
+            "model_calls": 1,
+            "tool_calls": TOOL_CALLS,
+            "worker_concurrency": CONCURRENCY,
+            "throughput_tool": "W40's outbox, a bare callable (AT_MOST_ONCE)",
+            "takeover_tool": "W40's outbox keyed by durabl's idempotency key, IDEMPOTENT, "
+            "sleeping step_sleep_s before each call",
+            "launcher": {d: launcher(d) for d in plan.durabilities},
+            "runs_created_by": "a setup process that dies at after_run_started",
+        },
+        "repetitions": {
+            "throughput": plan.throughput_reps,
+            "throughput_planned": plan.throughput_reps,
+            "throughput_budget_s": plan.throughput_budget_s,
+            "takeover": {case.label: case.reps for case in plan.takeover},
+        },
+    }
+    say(f"[1/2] throughput: {plan.runs} runs, {plan.worker_counts} worker processes")
+    report["disk"] = {"before_throughput": disk_probe(work, plan.fsync_samples)}
+    report["throughput"], rounds = measure_throughput(work, plan)
+    report["repetitions"]["throughput"] = rounds
+    report["disk"]["after_throughput"] = disk_probe(work, plan.fsync_samples)
+    say("[2/2] takeover after SIGKILL")
+    report["takeover"] = measure_takeover(work, plan)
+    cases = report["takeover"]["cases"]
+    sections = [f for by_n in report["throughput"].values() for f in by_n.values()] + cases
+    report["checks"] = {
+        "effects_exactly_once": all(f["effects_exactly_once"] for f in sections),
+        "logs_gapless": all(f["logs_gapless"] for f in sections),
+        "taken_over_before_lease_expiry": all(c["taken_over_before_lease_expiry"] for c in cases),
+    }
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(
-        "workers", __doc__, "few runs and repetitions: exercises the code, figures are noise", argv
+    return harness.main(
+        argv,
+        name="workers",
+        doc=__doc__,
+        quick_help="few runs and repetitions: exercises the code, figures are noise",
+        measure=measure,
+        render=render,
     )
-
-    plan = QUICK if args.quick else FULL
-    started = time.perf_counter()
-    work = scratch_dir(args.tmp_dir, prefix="workers-")
-    try:
-        report: dict[str, Any] = {
-            "benchmark": "workers",
-            "schema": SCHEMA,
-            "timestamp": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-            "quick": bool(args.quick),
-            "machine": machine_info(work, plan),
-            "workload": {
-                "runs": plan.runs,
-                "steps_per_run": STEPS,
-                "model_calls": 1,
-                "tool_calls": TOOL_CALLS,
-                "worker_concurrency": CONCURRENCY,
-                "throughput_tool": "W40's outbox, a bare callable (AT_MOST_ONCE)",
-                "takeover_tool": "W40's outbox keyed by durabl's idempotency key, IDEMPOTENT, "
-                "sleeping step_sleep_s before each call",
-                "launcher": {d: launcher(d) for d in plan.durabilities},
-                "runs_created_by": "a setup process that dies at after_run_started",
-            },
-            "repetitions": {
-                "throughput": plan.throughput_reps,
-                "throughput_planned": plan.throughput_reps,
-                "throughput_budget_s": plan.throughput_budget_s,
-                "takeover": {case.label: case.reps for case in plan.takeover},
-            },
-        }
-        _say(f"[1/2] throughput: {plan.runs} runs, {plan.worker_counts} worker processes")
-        report["disk"] = {"before_throughput": disk_probe(work, plan.fsync_samples)}
-        report["throughput"], rounds = measure_throughput(work, plan)
-        report["repetitions"]["throughput"] = rounds
-        report["disk"]["after_throughput"] = disk_probe(work, plan.fsync_samples)
-        _say("[2/2] takeover after SIGKILL")
-        report["takeover"] = measure_takeover(work, plan)
-        cases = report["takeover"]["cases"]
-        sections = [f for by_n in report["throughput"].values() for f in by_n.values()] + cases
-        report["checks"] = {
-            "effects_exactly_once": all(f["effects_exactly_once"] for f in sections),
-            "logs_gapless": all(f["logs_gapless"] for f in sections),
-            "taken_over_before_lease_expiry": all(
-                c["taken_over_before_lease_expiry"] for c in cases
-            ),
-        }
-        report["elapsed_s"] = round(time.perf_counter() - started, 1)
-    finally:
-        release_scratch(work, args.keep)
-
-    out = write_json(args.out, report)
-    print(render(report))
-    print(f"\nwrote {out} in {report['elapsed_s']} s")
-    return 0
 
 
 if __name__ == "__main__":
