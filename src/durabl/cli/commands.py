@@ -24,7 +24,9 @@ from durabl.replay import History
 from durabl.runtime import RunState, Runtime
 from durabl.store import doctor
 from durabl.store.base import RunRow
+from durabl.store.reads import require_run
 from durabl.store.sqlite import SQLiteStore
+from durabl.text import counted
 
 EXIT_OK, EXIT_FAILED = 0, 1
 _SHORT = 60
@@ -291,10 +293,6 @@ def _short(text: str | None, width: int = _SHORT) -> str:
     return flat if len(flat) <= width else flat[: width - 3] + "..."
 
 
-def _count(n: int, thing: str) -> str:
-    return f"{n} {thing}" if n == 1 else f"{n} {thing}s"
-
-
 def _table(headers: Sequence[str], rows: list[list[str]]) -> str:
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
     lines = [headers, *rows]
@@ -382,21 +380,12 @@ class _Loaded:
     def compacted(self) -> str:
         return (
             f"seqs 1..{self.watermark} were compacted into a snapshot of "
-            f"{_count(self.folded_steps, 'step')}"
+            f"{counted(self.folded_steps, 'step')}"
         )
 
 
-def _row(store: SQLiteStore, run_id: str) -> RunRow:
-    from durabl.errors import RunNotFoundError
-
-    row = store.get_run(run_id)
-    if row is None:
-        raise RunNotFoundError(f"no run {run_id!r} in {store.path}")
-    return row
-
-
 def _load(store: SQLiteStore, run_id: str) -> _Loaded:
-    row = _row(store, run_id)
+    row = require_run(store, run_id)
     watermark, snapshot, log = store.load_history(run_id)
     history = History.from_events(run_id, log, watermark=watermark, snapshot=snapshot)
     return _Loaded(row, log, history, watermark)
@@ -449,7 +438,7 @@ def _data(text: str | None) -> Any:
 def _trace(args: argparse.Namespace, run: _Loaded) -> None:
     """Per step: did the last process serve it from the log, or execute it?"""
     history = run.history
-    boundary = history.resumed_at[-1] if history.resumed_at else 0
+    boundary = history.last_resume_seq
     steps: list[dict[str, Any]] = []
     for position in sorted(history.steps):
         rec = history.steps[position]
@@ -511,7 +500,7 @@ def _metrics(args: argparse.Namespace) -> int:
         if args.run is None:
             each = [(row, of_run(store, row.run_id)) for row in store.list_runs()]
         else:
-            row = _row(store, args.run)
+            row = require_run(store, args.run)
             each = [(row, of_run(store, row.run_id))]
     per_run = [
         {"run_id": row.run_id, "workflow": row.workflow, "status": row.status, **m.model_dump()}
@@ -529,7 +518,7 @@ def _metrics(args: argparse.Namespace) -> int:
     _emit(
         args,
         {"total": total.model_dump(), "runs": per_run},
-        _count(total.runs, "run"),
+        counted(total.runs, "run"),
         _Grid(["FIGURE", "VALUE"], _figures(total)),
         _Grid(headers, table) if table else "no runs",
     )
@@ -581,7 +570,7 @@ def _doctor(args: argparse.Namespace) -> int:
         args,
         {"path": args.db, "healthy": healthy, "findings": [asdict(f) for f in found]},
         _Grid(["CHECK", "RESULT", "DETAIL"], table),
-        "healthy" if healthy else f"damaged: {_count(problems, 'problem')} found",
+        "healthy" if healthy else f"damaged: {counted(problems, 'problem')} found",
     )
     return EXIT_OK if healthy else EXIT_FAILED
 
