@@ -12,21 +12,13 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from durabl.cli import examine, logs, operate
 from durabl.cli.opening import runtime
-from durabl.cli.options import (
-    EXIT_OK,
-    EXIT_USAGE,
-    Parser,
-    UsageError,
-    add_after_the_command,
-    add_global_options,
-)
+from durabl.cli.options import EXIT_OK, EXIT_USAGE, Commands, Parser, UsageError
 from durabl.errors import DurablError
 
-_COMMANDS: tuple[Callable[[Any], None], ...] = (
+_COMMANDS: tuple[Callable[[Commands], None], ...] = (
     # in the order ``durabl --help`` lists them
     operate.add_worker,
     logs.add_runs,
@@ -43,13 +35,11 @@ _COMMANDS: tuple[Callable[[Any], None], ...] = (
 
 def build_parser() -> Parser:
     """The ``durabl`` parser with every command."""
-    parser = Parser(prog="durabl", description="Durable execution for Python LLM agents.")
-    add_global_options(parser)
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser = Parser(top=True, prog="durabl", description="Durable execution for Python LLM agents.")
+    commands = parser.add_commands(dest="command", metavar="COMMAND")
     commands.required = True
     for add in _COMMANDS:
         add(commands)
-    add_after_the_command(commands)
     return parser
 
 

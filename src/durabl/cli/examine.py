@@ -9,11 +9,10 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
-from typing import Any
 
 from durabl import events
 from durabl.cli.opening import read_store
-from durabl.cli.options import EXIT_FAILED, EXIT_OK, UsageError
+from durabl.cli.options import EXIT_FAILED, EXIT_OK, OPTIONAL, Commands, UsageError
 from durabl.cli.render import Grid, console, emit
 from durabl.metrics import Metrics, of_run
 from durabl.store import doctor
@@ -21,9 +20,10 @@ from durabl.store.reads import require_run
 from durabl.text import counted
 
 
-def add_metrics(commands: Any) -> None:
-    p = commands.add_parser(
+def add_metrics(commands: Commands) -> None:
+    commands.add_command(
         "metrics",
+        _metrics,
         help="what a run cost: steps, retries, replays, time, model tokens",
         description="Print a run's figures from its log alone (read-only): steps, model and "
         "tool calls, attempts, retries, resumes and the steps they replayed, model calls and "
@@ -31,21 +31,22 @@ def add_metrics(commands: Any) -> None:
         "re-executed calls cost (estimated from the usage recorded for the same call), and wall "
         "clock against time in steps and waiting on timers. Without RUN: the sums over every "
         "run, and one row per run.",
+        run=OPTIONAL,
+        read_only=True,
     )
-    p.add_argument("run", metavar="RUN", nargs="?", help="the run id (default: every run)")
-    p.set_defaults(handler=_metrics, read_only=True)
 
 
-def add_doctor(commands: Any) -> None:
-    p = commands.add_parser(
+def add_doctor(commands: Commands) -> None:
+    commands.add_command(
         "doctor",
+        _doctor,
         help="check the database for damage (read-only)",
         description="Check the database without changing it: SQLite's integrity check, the "
         "schema, every event's and snapshot's checksum, that each log is numbered without gaps "
         "and starts where it should, that each run's status agrees with its log, and that no "
         "row names a missing run. Exit 0 when healthy, 1 when damage was found.",
+        read_only=True,
     )
-    p.set_defaults(handler=_doctor, read_only=True)
 
 
 def _metrics(args: argparse.Namespace) -> int:

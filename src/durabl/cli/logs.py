@@ -14,7 +14,7 @@ from typing import Any
 
 from durabl import events, replay
 from durabl.cli.opening import read_store, runtime
-from durabl.cli.options import EXIT_FAILED, EXIT_OK, UsageError, positive_whole
+from durabl.cli.options import EXIT_FAILED, EXIT_OK, REQUIRED, Commands, UsageError, positive_whole
 from durabl.cli.render import Grid, emit, print_state, short, when
 from durabl.replay import History
 from durabl.store.base import RunRow
@@ -33,42 +33,45 @@ _STATUSES = (
 )
 
 
-def add_runs(commands: Any) -> None:
-    p = commands.add_parser(
+def add_runs(commands: Commands) -> None:
+    p = commands.add_command(
         "runs",
+        _runs,
         help="list runs, newest first",
         description="List the runs of the database, newest first (read-only).",
+        read_only=True,
     )
     p.add_argument("--status", help="only runs with this status (e.g. RUNNING, COMPLETED)")
     p.add_argument("--workflow", help="only runs of this workflow")
     p.add_argument("--limit", type=positive_whole, help="at most N runs")
-    p.set_defaults(handler=_runs, read_only=True)
 
 
-def add_show(commands: Any) -> None:
-    p = commands.add_parser(
+def add_show(commands: Commands) -> None:
+    p = commands.add_command(
         "show",
+        _show,
         help="a run's event log as a timeline",
         description="Print a run's event log as a readable timeline (read-only). With --trace, "
         "one line per step saying whether the last process replayed it from the log or "
         "executed it.",
+        run=REQUIRED,
+        read_only=True,
     )
-    p.add_argument("run", metavar="RUN", help="the run id")
     p.add_argument("--trace", action="store_true", help="per step: replayed or executed")
-    p.set_defaults(handler=_show, read_only=True)
 
 
-def add_replay(commands: Any) -> None:
-    p = commands.add_parser(
+def add_replay(commands: Commands) -> None:
+    p = commands.add_command(
         "replay",
+        _replay,
         help="rebuild a run's state from its log (--dry: executes and writes nothing)",
         description="Replay a run against its log with the workflow code (needs --import). "
         "--dry opens the database read-only: nothing is executed and nothing is written, even "
         "when the log ends mid-step.",
+        run=REQUIRED,
+        read_only=True,
     )
-    p.add_argument("run", metavar="RUN", help="the run id")
     p.add_argument("--dry", action="store_true", help="required: execute and write nothing")
-    p.set_defaults(handler=_replay, read_only=True)
 
 
 def _runs(args: argparse.Namespace) -> int:

@@ -12,15 +12,25 @@ import json
 import signal
 from typing import Any
 
-from durabl.cli.options import EXIT_FAILED, EXIT_OK, UsageError, positive, whole
+from durabl.cli.options import (
+    EXIT_FAILED,
+    EXIT_OK,
+    OPTIONAL,
+    REQUIRED,
+    Commands,
+    UsageError,
+    positive,
+    whole,
+)
 from durabl.cli.render import Grid, emit, print_state, short, state_text
 from durabl.runtime import Runtime
 from durabl.store.sqlite import SQLiteStore
 
 
-def add_worker(commands: Any) -> None:
-    p = commands.add_parser(
+def add_worker(commands: Commands) -> None:
+    p = commands.add_command(
         "worker",
+        run_worker,
         help="resume interrupted runs and fire timers as they come due, until SIGTERM/SIGINT",
         description="Drive every run of the database that has work. Several workers may share "
         "one database. SIGTERM or SIGINT lets the current steps finish, then exits 0.",
@@ -34,73 +44,80 @@ def add_worker(commands: Any) -> None:
         default=1.0,
         help="seconds between looks for new runs (default 1)",
     )
-    p.set_defaults(handler=run_worker)
 
 
-def add_resume(commands: Any) -> None:
-    p = commands.add_parser(
+def add_resume(commands: Commands) -> None:
+    commands.add_command(
         "resume",
+        _resume,
         help="drive a run on from where its log ends",
         description="Resume a run (needs --import for its workflow and tools). Prints the "
         "resulting state; exit 1 if the run ends FAILED.",
+        run=REQUIRED,
+        needs_db=True,
     )
-    p.add_argument("run", metavar="RUN", help="the run id")
-    p.set_defaults(handler=_resume, needs_db=True)
 
 
-def add_dlq(commands: Any) -> None:
-    p = commands.add_parser(
+def add_dlq(commands: Commands) -> None:
+    p = commands.add_command(
         "dlq",
+        _dlq_list,
         help="list dead-lettered runs; redrive, resolve or cancel one",
         description="Without an action, list the dead letters (read-only). The actions need "
         "--import for the run's workflow and tools; each is recorded in the run's log.",
+        read_only=True,
     )
-    p.set_defaults(handler=_dlq_list, read_only=True)
-    actions = p.add_subparsers(dest="action", metavar="ACTION")
-    redrive = actions.add_parser(
+    actions = p.add_commands(dest="action", metavar="ACTION")
+    acting: dict[str, Any] = {"run": REQUIRED, "read_only": False, "needs_db": True}
+    actions.add_command(
         "redrive",
+        _dlq_redrive,
         help="call the dead-lettered step again",
         description="Call the dead-lettered step again (accepting a possible duplicate).",
+        **acting,
     )
-    redrive.add_argument("run", metavar="RUN", help="the run id")
-    redrive.set_defaults(handler=_dlq_redrive, read_only=False, needs_db=True)
-    resolve = actions.add_parser(
+    resolve = actions.add_command(
         "resolve",
+        _dlq_resolve,
         help="supply the dead-lettered step's result",
         description="Record RESULT as the dead-lettered step's result and drive the run on.",
+        **acting,
     )
-    resolve.add_argument("run", metavar="RUN", help="the run id")
     resolve.add_argument("--result", required=True, metavar="JSON", help="the result, as JSON")
-    resolve.set_defaults(handler=_dlq_resolve, read_only=False, needs_db=True)
-    cancel = actions.add_parser(
-        "cancel", help="cancel the run", description="Cancel the run; it never resumes."
+    cancel = actions.add_command(
+        "cancel",
+        _dlq_cancel,
+        help="cancel the run",
+        description="Cancel the run; it never resumes.",
+        **acting,
     )
-    cancel.add_argument("run", metavar="RUN", help="the run id")
     cancel.add_argument("--reason", default="cancelled by operator", help="recorded in the log")
-    cancel.set_defaults(handler=_dlq_cancel, read_only=False, needs_db=True)
 
 
-def add_tick(commands: Any) -> None:
-    p = commands.add_parser(
+def add_tick(commands: Commands) -> None:
+    p = commands.add_command(
         "tick",
+        _tick,
         help="fire the timers that are due and drive those runs on",
         description="Fire every durable timer due now (or at --now) and drive those runs on "
         "(needs --import for their workflows).",
+        needs_db=True,
     )
     p.add_argument("--now", type=float, metavar="T", help="epoch seconds (default: now)")
-    p.set_defaults(handler=_tick, needs_db=True)
 
 
-def add_compact(commands: Any) -> None:
-    p = commands.add_parser(
+def add_compact(commands: Commands) -> None:
+    p = commands.add_command(
         "compact",
+        _compact,
         help="fold finished steps into a snapshot and reclaim the space",
         description="Fold each run's finished prefix (less its last --keep-last steps) into a "
         "snapshot, delete the folded events and hand the space back to the file system. Replay "
         "gives the same state afterwards. Runs driven by a live process are skipped and listed; "
         "an explicit RUN driven by one is an error.",
+        run=OPTIONAL,
+        needs_db=True,
     )
-    p.add_argument("run", metavar="RUN", nargs="?", help="the run id (default: every run)")
     p.add_argument(
         "--keep-last",
         type=whole,
@@ -108,7 +125,6 @@ def add_compact(commands: Any) -> None:
         metavar="N",
         help="leave the last N finished steps of each run in the log (default 0)",
     )
-    p.set_defaults(handler=_compact, needs_db=True)
 
 
 def run_worker(args: argparse.Namespace, rt: Runtime) -> int:
