@@ -13,7 +13,7 @@ from dataclasses import asdict
 from durabl import events
 from durabl.cli.opening import read_store
 from durabl.cli.options import EXIT_FAILED, EXIT_OK, OPTIONAL, Commands, UsageError
-from durabl.cli.render import Grid, console, emit
+from durabl.cli.render import Grid, console, emit, headline
 from durabl.metrics import Metrics, of_run
 from durabl.store import doctor
 from durabl.store.reads import require_run
@@ -62,8 +62,7 @@ def _metrics(args: argparse.Namespace) -> int:
     ]
     if args.run is not None:
         [(row, figures)] = each
-        head = f"run {row.run_id} ({row.workflow}): {row.status}"
-        emit(args, per_run[0], head, Grid(["FIGURE", "VALUE"], _figures(figures)))
+        emit(args, per_run[0], headline(row), Grid(["FIGURE", "VALUE"], _figures(figures)))
         return EXIT_FAILED if row.status == events.FAILED else EXIT_OK
     total = sum((m for _, m in each), Metrics(runs=0))
     table = [[row.run_id, row.workflow, row.status, *_columns(m)] for row, m in each]

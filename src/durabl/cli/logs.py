@@ -15,7 +15,7 @@ from typing import Any
 from durabl import events, replay
 from durabl.cli.opening import read_store, runtime
 from durabl.cli.options import EXIT_FAILED, EXIT_OK, REQUIRED, Commands, UsageError, positive_whole
-from durabl.cli.render import Grid, emit, print_state, short, when
+from durabl.cli.render import Grid, emit, headline, print_state, short, when
 from durabl.replay import History
 from durabl.store.base import RunRow
 from durabl.store.reads import require_run
@@ -108,10 +108,6 @@ class _Loaded:
     watermark: int
 
     @property
-    def head(self) -> str:
-        return f"run {self.row.run_id} ({self.row.workflow}): {self.row.status}"
-
-    @property
     def folded_steps(self) -> int:
         return sum(1 for rec in self.history.steps.values() if rec.first_seq <= self.watermark)
 
@@ -156,7 +152,7 @@ def _timeline(args: argparse.Namespace, run: _Loaded) -> None:
         [str(e.seq), when(e.at_s), e.kind, str(e.step) if e.step else "", short(e.data)]
         for e in run.log
     ]
-    parts: list[str | Grid] = [run.head]
+    parts: list[str | Grid] = [headline(run.row)]
     if run.row.error:
         parts.append(f"error: {run.row.error}")
     if run.watermark:
@@ -202,7 +198,7 @@ def _trace(args: argparse.Namespace, run: _Loaded) -> None:
         "steps": steps,
     }
     table = [[str(s["position"]), str(s["how"]), short(s["description"])] for s in steps]
-    head = run.head + "; "
+    head = headline(run.row) + "; "
     head += f"last process took over at seq {boundary}" if boundary else "one process"
     parts: list[str | Grid] = [head]
     if run.watermark:

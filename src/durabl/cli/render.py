@@ -16,6 +16,7 @@ from typing import Any
 from durabl import codec, events
 from durabl.cli.options import EXIT_FAILED, EXIT_OK
 from durabl.runtime import RunState
+from durabl.store.base import RunRow
 
 _SHORT = 60
 
@@ -86,10 +87,15 @@ def short(text: str | None, width: int = _SHORT) -> str:
     return flat if len(flat) <= width else flat[: width - 3] + "..."
 
 
+def headline(run: RunRow | RunState) -> str:
+    """The line a run's report starts with: its id, workflow and status."""
+    return f"run {run.run_id} ({run.workflow}): {run.status}"
+
+
 def state_text(state: RunState) -> str:
     """A run's state in a few lines: status, steps, then result, error, next step if any."""
     lines = [
-        f"run {state.run_id} ({state.workflow}): {state.status}",
+        headline(state),
         f"steps replayed {state.steps_replayed}, executed {state.steps_executed}",
     ]
     if state.result is not None:
