@@ -185,6 +185,12 @@ class History:
     def last_position(self) -> int:
         return max(self.steps, default=0)
 
+    @property
+    def last_resume_seq(self) -> int:
+        """The seq of the last RUN_RESUMED: where the last process took the run over. Steps
+        finished before it were served from the log to that process. 0 if one process ran it."""
+        return self.resumed_at[-1] if self.resumed_at else 0
+
     def completed_positions(self) -> int:
         return sum(1 for rec in self.steps.values() if rec.done)
 

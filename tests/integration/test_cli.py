@@ -8,6 +8,7 @@ command runs as ``python -m durabl`` with ``tests/integration`` on PYTHONPATH so
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -302,18 +303,19 @@ def test_missing_database_and_missing_run_are_one_line(cli: Cli, tmp_path: Path)
     one_line_error(cli("runs", db=not_db), "not a durabl database")
 
 
-def _subcommands(parser: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+def subcommands(parser: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command of ``parser`` as the words that name it, nested ones too, parents first."""
     found = []
     for action in parser._actions:
-        if action.__class__.__name__ == "_SubParsersAction":
+        if isinstance(action, argparse._SubParsersAction):
             for name, sub in action.choices.items():
                 found.append((*prefix, name))
-                found.extend(_subcommands(sub, (*prefix, name)))
+                found.extend(subcommands(sub, (*prefix, name)))
     return found
 
 
 def test_every_subcommand_has_help_and_is_in_the_readme(cli: Cli) -> None:
-    commands = _subcommands(build_parser())
+    commands = subcommands(build_parser())
     assert {c[0] for c in commands} >= {
         *("worker", "runs", "show", "resume", "dlq", "replay", "tick"),
         *("metrics", "compact", "doctor"),

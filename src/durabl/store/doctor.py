@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from durabl import codec, events
 from durabl.errors import StorageError
 from durabl.store.sqlite import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION, Q, SQLiteStore
+from durabl.text import counted
 
 Progress = Callable[[int, int], None]
 """Called with (events checked, events in all) while the checksums are scanned."""
@@ -91,13 +92,13 @@ def _checks(conn: sqlite3.Connection, progress: Progress | None) -> Iterator[Fin
         runs = {row[0]: _Run(*row) for row in conn.execute(Q["doctor_runs"])}
         logs, damaged = _scan(conn, progress)
         damaged += [p for run in runs.values() if (p := _snapshot_damage(run))]
-        scanned = _count(sum(log.count for log in logs.values()), "event")
-        snapshots = _count(sum(1 for run in runs.values() if run.snapshot is not None), "snapshot")
+        scanned = counted(sum(log.count for log in logs.values()), "event")
+        snapshots = counted(sum(1 for run in runs.values() if run.snapshot is not None), "snapshot")
         yield from _report(check, f"{scanned} and {snapshots} match their checksums", damaged)
         check = "logs"
         problems = [p for run in runs.values() for p in _log_problems(run, logs.get(run.run_id))]
         yield from _report(
-            check, f"{_count(len(runs), 'run')}, each log whole and in order", problems
+            check, f"{counted(len(runs), 'run')}, each log whole and in order", problems
         )
         check = "status"
         problems = [p for run in runs.values() for p in _status_problems(run, logs.get(run.run_id))]
@@ -116,10 +117,6 @@ def _report(check: str, ok_text: str, problems: list[str]) -> Iterator[Finding]:
         yield Finding(check, False, problem)
     if len(problems) > _MOST_PROBLEMS:
         yield Finding(check, False, f"and {len(problems) - _MOST_PROBLEMS} more problems")
-
-
-def _count(n: int, thing: str) -> str:
-    return f"{n} {thing}" if n == 1 else f"{n} {thing}s"
 
 
 def _integrity(conn: sqlite3.Connection) -> tuple[str, list[str]]:

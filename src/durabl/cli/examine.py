@@ -1,0 +1,144 @@
+"""The read-only commands that examine the database as a whole or a run's cost: ``metrics``
+(figures folded from the logs alone) and ``doctor`` (damage checks; exit 1 if it finds any).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+
+from durabl import events
+from durabl.cli.opening import read_store
+from durabl.cli.options import EXIT_FAILED, EXIT_OK, OPTIONAL, Commands, UsageError
+from durabl.cli.render import Grid, console, emit, headline
+from durabl.metrics import Metrics, of_run
+from durabl.store import doctor
+from durabl.store.reads import require_run
+from durabl.text import counted
+
+
+def add_metrics(commands: Commands) -> None:
+    commands.add_command(
+        "metrics",
+        _metrics,
+        help="what a run cost: steps, retries, replays, time, model tokens",
+        description="Print a run's figures from its log alone (read-only): steps, model and "
+        "tool calls, attempts, retries, resumes and the steps they replayed, model calls and "
+        "tool calls executed again after a crash, dead letters, model tokens and the tokens "
+        "re-executed calls cost (estimated from the usage recorded for the same call), and wall "
+        "clock against time in steps and waiting on timers. Without RUN: the sums over every "
+        "run, and one row per run.",
+        run=OPTIONAL,
+        read_only=True,
+    )
+
+
+def add_doctor(commands: Commands) -> None:
+    commands.add_command(
+        "doctor",
+        _doctor,
+        help="check the database for damage (read-only)",
+        description="Check the database without changing it: SQLite's integrity check, the "
+        "schema, every event's and snapshot's checksum, that each log is numbered without gaps "
+        "and starts where it should, that each run's status agrees with its log, and that no "
+        "row names a missing run. Exit 0 when healthy, 1 when damage was found.",
+        read_only=True,
+    )
+
+
+def _metrics(args: argparse.Namespace) -> int:
+    with read_store(args.db) as store:
+        if args.run is None:
+            each = [(row, of_run(store, row.run_id)) for row in store.list_runs()]
+        else:
+            row = require_run(store, args.run)
+            each = [(row, of_run(store, row.run_id))]
+    per_run = [
+        {"run_id": row.run_id, "workflow": row.workflow, "status": row.status, **m.model_dump()}
+        for row, m in each
+    ]
+    if args.run is not None:
+        [(row, figures)] = each
+        emit(args, per_run[0], headline(row), Grid(["FIGURE", "VALUE"], _figures(figures)))
+        return EXIT_FAILED if row.status == events.FAILED else EXIT_OK
+    total = sum((m for _, m in each), Metrics(runs=0))
+    table = [[row.run_id, row.workflow, row.status, *_columns(m)] for row, m in each]
+    headers = ["RUN", "WORKFLOW", "STATUS", "STEPS", "RETRIES", "RESUMES", "RE-EXECUTED"]
+    headers += ["TOKENS", "RE-EXECUTED TOKENS", "WALL (S)"]
+    emit(
+        args,
+        {"total": total.model_dump(), "runs": per_run},
+        counted(total.runs, "run"),
+        Grid(["FIGURE", "VALUE"], _figures(total)),
+        Grid(headers, table) if table else "no runs",
+    )
+    return EXIT_OK
+
+
+def _columns(m: Metrics) -> list[str]:
+    again = m.reexecuted_model_calls + m.reexecuted_tool_calls
+    counts = (m.steps, m.retries, m.resumes, again, m.total_tokens, m.reexecuted_tokens)
+    return [*map(str, counts), f"{m.wall_s:.3f}"]
+
+
+def _figures(m: Metrics) -> list[list[str]]:
+    return [
+        ["steps", str(m.steps)],
+        ["model calls", str(m.model_calls)],
+        ["tool calls", str(m.tool_calls)],
+        ["sleeps", str(m.sleeps)],
+        ["ctx values", str(m.ctx_values)],
+        ["attempts", str(m.attempts)],
+        ["retries", str(m.retries)],
+        ["failed steps", str(m.failed_steps)],
+        ["dead letters", str(m.dead_letters)],
+        ["resumes", str(m.resumes)],
+        ["replayed steps", str(m.replayed_steps)],
+        ["re-executed model calls", str(m.reexecuted_model_calls)],
+        ["re-executed tool calls", str(m.reexecuted_tool_calls)],
+        ["input tokens", str(m.input_tokens)],
+        ["output tokens", str(m.output_tokens)],
+        ["total tokens", str(m.total_tokens)],
+        ["re-executed tokens", f"{m.reexecuted_tokens} (estimated)"],
+        ["wall clock", f"{m.wall_s:.3f} s"],
+        ["time in steps", f"{m.step_s:.3f} s"],
+        ["timer waits", f"{m.timer_wait_s:.3f} s"],
+    ]
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    if not os.path.lexists(args.db):
+        raise UsageError(f"{args.db} does not exist")
+    with _progress(args) as progress:
+        found = doctor.examine(args.db, progress)
+    healthy = all(f.ok for f in found)
+    problems = sum(1 for f in found if not f.ok)
+    table = [[f.check, "ok" if f.ok else "DAMAGED", f.message] for f in found]
+    emit(
+        args,
+        {"path": args.db, "healthy": healthy, "findings": [asdict(f) for f in found]},
+        Grid(["CHECK", "RESULT", "DETAIL"], table),
+        "healthy" if healthy else f"damaged: {counted(problems, 'problem')} found",
+    )
+    return EXIT_OK if healthy else EXIT_FAILED
+
+
+@contextmanager
+def _progress(args: argparse.Namespace) -> Iterator[doctor.Progress | None]:
+    """A progress bar for the checksum scan, on a terminal only."""
+    terminal = None if args.json else console()
+    if terminal is None:
+        yield None
+        return
+    from rich.progress import Progress
+
+    with Progress(console=terminal, transient=True) as bar:
+        task = bar.add_task("checking checksums", total=None)
+
+        def advance(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield advance

@@ -1,0 +1,214 @@
+"""The read-only commands about runs and their logs: ``runs``, ``show [--trace]`` and
+``replay --dry``.
+
+None of them writes: ``runs`` and ``show`` read through a read-only store, and ``replay --dry``
+runs the workflow code against a runtime on one, which executes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from durabl import events, replay
+from durabl.cli.opening import read_store, runtime
+from durabl.cli.options import EXIT_FAILED, EXIT_OK, REQUIRED, Commands, UsageError, positive_whole
+from durabl.cli.render import Grid, emit, headline, print_state, short, when
+from durabl.replay import History
+from durabl.store.base import RunRow
+from durabl.store.reads import require_run
+from durabl.store.sqlite import SQLiteStore
+from durabl.text import counted
+
+_STATUSES = (
+    events.RUNNING,
+    events.SLEEPING,
+    events.HELD,
+    events.DEAD_LETTERED,
+    events.COMPLETED,
+    events.FAILED,
+    events.CANCELLED,
+)
+
+
+def add_runs(commands: Commands) -> None:
+    p = commands.add_command(
+        "runs",
+        _runs,
+        help="list runs, newest first",
+        description="List the runs of the database, newest first (read-only).",
+        read_only=True,
+    )
+    p.add_argument("--status", help="only runs with this status (e.g. RUNNING, COMPLETED)")
+    p.add_argument("--workflow", help="only runs of this workflow")
+    p.add_argument("--limit", type=positive_whole, help="at most N runs")
+
+
+def add_show(commands: Commands) -> None:
+    p = commands.add_command(
+        "show",
+        _show,
+        help="a run's event log as a timeline",
+        description="Print a run's event log as a readable timeline (read-only). With --trace, "
+        "one line per step saying whether the last process replayed it from the log or "
+        "executed it.",
+        run=REQUIRED,
+        read_only=True,
+    )
+    p.add_argument("--trace", action="store_true", help="per step: replayed or executed")
+
+
+def add_replay(commands: Commands) -> None:
+    p = commands.add_command(
+        "replay",
+        _replay,
+        help="rebuild a run's state from its log (--dry: executes and writes nothing)",
+        description="Replay a run against its log with the workflow code (needs --import). "
+        "--dry opens the database read-only: nothing is executed and nothing is written, even "
+        "when the log ends mid-step.",
+        run=REQUIRED,
+        read_only=True,
+    )
+    p.add_argument("--dry", action="store_true", help="required: execute and write nothing")
+
+
+def _runs(args: argparse.Namespace) -> int:
+    statuses = (args.status.upper(),) if args.status else None
+    if statuses and statuses[0] not in _STATUSES:
+        raise UsageError(f"unknown status {args.status!r}; one of {', '.join(_STATUSES)}")
+    with read_store(args.db) as store:
+        rows = store.list_runs(statuses=statuses, workflow=args.workflow, limit=args.limit)
+    payload = [
+        {
+            "run_id": r.run_id,
+            "workflow": r.workflow,
+            "status": r.status,
+            "created_s": r.created_s,
+            "updated_s": r.updated_s,
+            "wake_at_s": r.wake_at_s,
+            "error": r.error,
+        }
+        for r in rows
+    ]
+    table = [[r.run_id, r.workflow, r.status, when(r.updated_s), short(r.error)] for r in rows]
+    grid = Grid(["RUN", "WORKFLOW", "STATUS", "UPDATED (UTC)", "ERROR"], table)
+    emit(args, payload, grid if rows else "no runs")
+    return EXIT_OK
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    """A run's row, what is left of its log, and the history folded from both."""
+
+    row: RunRow
+    log: list[events.Event]
+    history: History
+    watermark: int
+
+    @property
+    def folded_steps(self) -> int:
+        return sum(1 for rec in self.history.steps.values() if rec.first_seq <= self.watermark)
+
+    @property
+    def compacted(self) -> str:
+        return (
+            f"seqs 1..{self.watermark} were compacted into a snapshot of "
+            f"{counted(self.folded_steps, 'step')}"
+        )
+
+
+def _load(store: SQLiteStore, run_id: str) -> _Loaded:
+    row = require_run(store, run_id)
+    watermark, snapshot, log = store.load_history(run_id)
+    history = History.from_events(run_id, log, watermark=watermark, snapshot=snapshot)
+    return _Loaded(row, log, history, watermark)
+
+
+def _show(args: argparse.Namespace) -> int:
+    with read_store(args.db) as store:
+        run = _load(store, args.run)
+    if args.trace:
+        _trace(args, run)
+    else:
+        _timeline(args, run)
+    return EXIT_FAILED if run.row.status == events.FAILED else EXIT_OK
+
+
+def _timeline(args: argparse.Namespace, run: _Loaded) -> None:
+    """The events after the compacted prefix (all of them if there is none), one per line."""
+    payload = {
+        "run_id": run.row.run_id,
+        "status": run.row.status,
+        "watermark": run.watermark,
+        "snapshot_steps": run.folded_steps,
+        "events": [
+            {"seq": e.seq, "at_s": e.at_s, "kind": e.kind, "step": e.step, "data": _data(e.data)}
+            for e in run.log
+        ],
+    }
+    table = [
+        [str(e.seq), when(e.at_s), e.kind, str(e.step) if e.step else "", short(e.data)]
+        for e in run.log
+    ]
+    parts: list[str | Grid] = [headline(run.row)]
+    if run.row.error:
+        parts.append(f"error: {run.row.error}")
+    if run.watermark:
+        parts.append(run.compacted)
+    parts.append(Grid(["SEQ", "TIME (UTC)", "KIND", "STEP", "DATA"], table))
+    emit(args, payload, *parts)
+
+
+def _data(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _trace(args: argparse.Namespace, run: _Loaded) -> None:
+    """Per step: did the last process serve it from the log, or execute it?"""
+    history = run.history
+    boundary = history.last_resume_seq
+    steps: list[dict[str, Any]] = []
+    for position in sorted(history.steps):
+        rec = history.steps[position]
+        if rec.dead:
+            how = "dead-lettered"
+        elif not rec.done:
+            how = "pending"
+        elif rec.done_seq < boundary:
+            how = "replayed"
+        else:
+            how = "executed"
+        about = replay.describe_record(rec)
+        steps.append(
+            {"position": position, "step": rec.canonical, "description": about, "how": how}
+        )
+    payload = {
+        "run_id": run.row.run_id,
+        "status": run.row.status,
+        "processes": len(history.resumed_at) + 1,
+        "last_resumed_seq": boundary or None,
+        "watermark": run.watermark,
+        "steps": steps,
+    }
+    table = [[str(s["position"]), str(s["how"]), short(s["description"])] for s in steps]
+    head = headline(run.row) + "; "
+    head += f"last process took over at seq {boundary}" if boundary else "one process"
+    parts: list[str | Grid] = [head]
+    if run.watermark:
+        parts.append(run.compacted)
+    emit(args, payload, *parts, Grid(["STEP", "HOW", "DESCRIPTION"], table))
+
+
+def _replay(args: argparse.Namespace) -> int:
+    if not args.dry:
+        raise UsageError("replay only runs dry: add --dry (use `resume` to drive a run on)")
+    with runtime(args, SQLiteStore(args.db, read_only=True)) as rt:
+        state = rt.replay(args.run, dry=True)
+    return print_state(args, state)
