@@ -67,6 +67,11 @@ def decode(text: str) -> Any:
     return _decode(text)
 
 
+def decode_or_none(text: str | None) -> Any:
+    """``decode``, for a column that may be NULL: None stays None."""
+    return None if text is None else _decode(text)
+
+
 def round_trip(value: Any, *, what: str = "value") -> tuple[str, Any]:
     """Encode ``value`` and decode it again; returns (text, the value as replay will see it)."""
     text = encode(value, what=what)

@@ -18,7 +18,7 @@ from typing import Any
 from durabl import codec, crashpoints, events, execute, leases
 from durabl import workflow as workflows
 from durabl.drive import Decide, Drive, Executes
-from durabl.errors import RunConflictError, RunNotFoundError
+from durabl.errors import RunConflictError
 from durabl.events import Event
 from durabl.execute import Services, StepCall
 from durabl.journal import Journal, Writer
@@ -26,6 +26,7 @@ from durabl.replay import History, StepRecord
 from durabl.states import Progress, RunState
 from durabl.steps import Step
 from durabl.store.base import RunRow, Store
+from durabl.store.reads import require_run
 from durabl.workflow import Workflow
 
 logger = logging.getLogger("durabl")
@@ -57,10 +58,7 @@ class Engine:
     # -- reading ---------------------------------------------------------------------------
 
     def row(self, run_id: str) -> RunRow:
-        row = self.store.get_run(run_id)
-        if row is None:
-            raise RunNotFoundError(f"no run {run_id!r} in {self.store.path}")
-        return row
+        return require_run(self.store, run_id)
 
     def history(self, run_id: str) -> History:
         watermark, snapshot, log = self.store.load_history(run_id)
@@ -73,13 +71,13 @@ class Engine:
         """The run's state as recorded (no workflow code runs)."""
         row = self.row(run_id)
         history = self.history(run_id)
-        boundary = history.resumed_at[-1] if history.resumed_at else 0
+        boundary = history.last_resume_seq
         executed = sum(1 for r in history.steps.values() if r.done and r.done_seq > boundary)
         return RunState(
             run_id=row.run_id,
             workflow=row.workflow,
             status=row.status,
-            result=_decoded(row.result_text),
+            result=codec.decode_or_none(row.result_text),
             error=row.error,
             steps_replayed=history.completed_positions() - executed,
             steps_executed=executed,
@@ -232,7 +230,7 @@ class Engine:
             run_id=drive.run_id,
             workflow=row.workflow,
             status=drive.dry_status if drive.dry else row.status,
-            result=drive.result if drive.dry else _decoded(row.result_text),
+            result=drive.result if drive.dry else codec.decode_or_none(row.result_text),
             error=row.error if drive.hold is None else str(drive.hold),
             steps_replayed=drive.progress.replayed,
             steps_executed=drive.progress.executed,
@@ -275,7 +273,3 @@ class Engine:
 
 def _drivable(row: RunRow) -> bool:
     return row.status not in events.TERMINAL_STATUSES and row.status != events.DEAD_LETTERED
-
-
-def _decoded(text: str | None) -> Any:
-    return None if text is None else codec.decode(text)

@@ -184,7 +184,7 @@ class Runtime:
         """The run's result; raises if the run failed, was cancelled or has not finished."""
         row = self._engine.row(run_id)
         if row.status == events.COMPLETED:
-            return None if row.result_text is None else codec.decode(row.result_text)
+            return codec.decode_or_none(row.result_text)
         if row.status == events.FAILED:
             raise RunFailedError(f"run {run_id} failed: {row.error}")
         if row.status == events.DEAD_LETTERED:

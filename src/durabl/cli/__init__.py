@@ -5,10 +5,7 @@ shares), ``opening`` (what the global options point at), ``render`` (text, table
 commands (``logs``, ``examine``, ``operate``), and ``app`` (the parser and ``main``).
 """
 
-from durabl.cli import operate
 from durabl.cli.app import build_parser, main
 from durabl.cli.opening import load_modules
 
 __all__ = ["build_parser", "load_modules", "main"]
-
-_worker = operate.run_worker  # bench/workers.py hands its own runtime to the worker handler
