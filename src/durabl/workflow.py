@@ -46,10 +46,6 @@ class Workflow:
     def __repr__(self) -> str:
         return f"<workflow {self.name}>"
 
-    @property
-    def takes_input_keys(self) -> bool:
-        return bool(self._params)
-
     def bind(self, run_input: Any) -> dict[str, Any]:
         """Keyword arguments for the parameters after ctx, taken from the input dict by name.
 
