@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 
 from durabl import codec, crashpoints, events, leases, replay
 from durabl import workflow as workflows
+from durabl.checks import check_int, check_text, check_type
 from durabl.context import Context
 from durabl.errors import (
     DeadLetteredError,
@@ -218,8 +219,8 @@ class Runtime:
             )
         if clock is not None and not callable(clock):
             raise TypeError("clock must be a zero-argument callable returning epoch seconds")
-        if retry is not None and not isinstance(retry, RetryPolicy):
-            raise TypeError(f"retry must be a RetryPolicy, got {type(retry).__name__}")
+        if retry is not None:
+            check_type("retry", retry, RetryPolicy)
         self._tools: dict[str, Tool] = build_registry(tools)
         self._workflows = build_workflow_registry(workflows)
         self._llm = llm
@@ -290,8 +291,8 @@ class Runtime:
         wf.bind(value)
         if run_id is None:
             run_id = uuid.uuid4().hex
-        elif not isinstance(run_id, str) or not run_id:
-            raise TypeError(f"run_id must be a non-empty string, got {run_id!r}")
+        else:
+            check_text("run_id", run_id)
         now_s = self._clock()
         started = codec.encode({"workflow": wf.name, "input": value, **self._boundary})
         row = RunRow(
@@ -467,8 +468,7 @@ class Runtime:
         space back to the file system. ``run_id`` None means every run; then a run another
         live process is driving is skipped (listed in ``busy``), and a run that cannot be
         folded (listed in ``errors``) does not stop the others. Replay is unchanged either way."""
-        if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0:
-            raise ValueError(f"keep_last must be an int >= 0, got {keep_last!r}")
+        check_int("keep_last", keep_last, at_least=0)
         rows = [self._row(run_id)] if run_id is not None else self.store.list_runs()
         report = Compaction()
         if reclaim:  # the size before, measured the way the size after will be
