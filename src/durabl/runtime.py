@@ -23,14 +23,18 @@ from durabl import workflow as workflows
 from durabl.checks import check_int, check_text, check_type
 from durabl.context import Context
 from durabl.errors import (
+    AlreadyTerminalError,
+    AmbiguousEffect,
     DeadLetteredError,
+    DeadLetterEventMissingError,
     DurablError,
+    EffectAlreadyRecordedError,
     EncodingError,
     IdempotencyKeyConflict,
-    InvalidStateError,
     ModelCallFailed,
     NoModelError,
     NonDeterminismError,
+    NotDeadLetteredError,
     RunConflictError,
     RunFailedError,
     RunLeased,
@@ -39,6 +43,8 @@ from durabl.errors import (
     StepFailed,
     ToolFailed,
     UnknownToolError,
+    described,
+    not_a_step,
 )
 from durabl.events import Event
 from durabl.metrics import Metrics, MetricsFold, of_runs
@@ -312,9 +318,11 @@ class Runtime:
         if existing is not None:
             if existing.workflow != wf.name or existing.input_text != input_text:
                 raise RunConflictError(
-                    f"run {run_id!r} already exists with workflow {existing.workflow!r} and input "
-                    f"{existing.input_text}; it cannot be started again as {wf.name!r} with input "
-                    f"{input_text}"
+                    run_id=run_id,
+                    workflow=wf.name,
+                    input_text=input_text,
+                    existing_workflow=existing.workflow,
+                    existing_input_text=existing.input_text,
                 )
             if existing.status == events.RUNNING:
                 return self._resume_row(existing, wf)
@@ -380,10 +388,10 @@ class Runtime:
         if row.status == events.COMPLETED:
             return None if row.result_text is None else codec.decode(row.result_text)
         if row.status == events.FAILED:
-            raise RunFailedError(f"run {run_id} failed: {row.error}")
+            raise RunFailedError(run_id=run_id, error=row.error)
         if row.status == events.DEAD_LETTERED:
-            raise DeadLetteredError(f"run {run_id} is dead-lettered: {row.error}")
-        raise RunNotFinishedError(f"run {run_id} has no result: it is {row.status}")
+            raise DeadLetteredError(run_id=run_id, reason=row.error)
+        raise RunNotFinishedError(run_id=run_id, status=row.status)
 
     def dead_letters(self) -> list[DeadLetter]:
         """Every run stopped on a dead-lettered step, oldest first."""
@@ -423,10 +431,7 @@ class Runtime:
             explicit_key = data.get("key")
             key = explicit_key or derived_key(run_id, event.step)
             if self.store.side_effect(key) is not None:
-                raise InvalidStateError(
-                    f"idempotency key {key!r} already has a recorded effect; redrive run "
-                    f"{run_id} to pick it up instead of resolving it"
-                )
+                raise EffectAlreadyRecordedError(key=key, run_id=run_id)
             effect = SideEffect(
                 key, run_id, event.step, data["tool"], data["fp"], text, None, self._clock()
             )
@@ -446,7 +451,7 @@ class Runtime:
         """End a run that has not finished. Recorded in the log; the run never resumes."""
         with self._owning(run_id) as (row, token):
             if row.status in events.TERMINAL_STATUSES:
-                raise InvalidStateError(f"run {run_id} is already {row.status}; nothing to cancel")
+                raise AlreadyTerminalError(run_id=run_id, status=row.status)
             d = self._new_drive(row, None, None, dry=False, token=token)
             self._commit(
                 d,
@@ -485,7 +490,7 @@ class Runtime:
                 if run_id is not None:
                     raise
                 logger.warning("run %s not compacted: %s", row.run_id, exc)
-                report.errors[row.run_id] = f"{type(exc).__name__}: {exc}"
+                report.errors[row.run_id] = described(exc)
                 continue
             if folded is not None:
                 report.runs.append(folded)
@@ -527,7 +532,7 @@ class Runtime:
     def _row(self, run_id: str) -> RunRow:
         row = self.store.get_run(run_id)
         if row is None:
-            raise RunNotFoundError(f"no run {run_id!r} in {self.store.path}")
+            raise RunNotFoundError(run_id=run_id, path=self.store.path)
         return row
 
     def _register(self, wf: Workflow) -> None:
@@ -646,10 +651,7 @@ class Runtime:
                 self._check_hold(d)
                 send, throw = None, None
                 if not isinstance(yielded, Step) or isinstance(yielded, CtxValue):
-                    throw = TypeError(
-                        f"workflow {d.wf.name!r} yielded {yielded!r} ({type(yielded).__name__}), "
-                        f"which is not a step: yield ModelCall, ToolCall or Sleep"
-                    )
+                    throw = not_a_step(workflow=d.wf.name, yielded=yielded)
                     continue
                 d.position += 1
                 try:
@@ -741,12 +743,7 @@ class Runtime:
 
     def _model(self, d: _Drive, step: ModelCall, rec: StepRecord | None) -> Any:
         if self._llm is None:
-            raise _Hold(
-                NoModelError(
-                    f"run {d.run_id} step {d.position} is {step.describe()} but the runtime has no "
-                    f"llm; pass Runtime(llm=...) and resume the run"
-                )
-            )
+            raise _Hold(NoModelError(run_id=d.run_id, position=d.position, step=step.describe()))
         llm = self._llm
         return self._attempts(
             d,
@@ -762,11 +759,9 @@ class Runtime:
     def _tool(self, d: _Drive, step: ToolCall, rec: StepRecord | None, action: str) -> Any:
         tool = self._tools.get(step.name)
         if tool is None:
-            known = ", ".join(sorted(self._tools)) or "none"
             raise _Hold(
                 UnknownToolError(
-                    f"run {d.run_id} step {d.position} calls tool {step.name!r}, which is not "
-                    f"registered (registered: {known}); register it and resume the run"
+                    run_id=d.run_id, position=d.position, tool=step.name, registered=self._tools
                 )
             )
         explicit = step.idempotency_key is not None
@@ -980,9 +975,12 @@ class Runtime:
             "IdempotencyKeyConflict",
             str(
                 IdempotencyKeyConflict(
-                    f"idempotency key {key!r} was first used by run {other_run} for tool {tool!r} with "
-                    f"other arguments; run {d.run_id} step {d.position} reuses it for "
-                    f"{step.describe()}. One key names one effect: derive keys from what they protect."
+                    key=key,
+                    first_run_id=other_run,
+                    first_tool=tool,
+                    run_id=d.run_id,
+                    position=d.position,
+                    step=step.describe(),
                 )
             ),
         )
@@ -998,10 +996,7 @@ class Runtime:
         raise err
 
     def _dead_letter(self, d: _Drive, step: ToolCall, key: str | None) -> None:
-        reason = (
-            f"{step.describe()} is AT_MOST_ONCE and a process died after it was dispatched and "
-            f"before its outcome was recorded: it ran zero or one times and durabl will not guess"
-        )
+        reason = str(AmbiguousEffect(step=step.describe()))
         data = {
             "reason": reason,
             "step": step.describe(),
@@ -1187,16 +1182,14 @@ class Runtime:
 
     def _check_dead(self, row: RunRow) -> RunRow:
         if row.status != events.DEAD_LETTERED:
-            raise InvalidStateError(f"run {row.run_id} is {row.status}, not dead-lettered")
+            raise NotDeadLetteredError(run_id=row.run_id, status=row.status)
         return row
 
     def _dead_letter_event(self, row: RunRow) -> Event:
         for event in reversed(self.store.load_log(row.run_id)):
             if event.kind == events.DEAD_LETTERED:
                 return event
-        raise InvalidStateError(
-            f"run {row.run_id} is marked dead-lettered but its log has no DEAD_LETTERED event"
-        )
+        raise DeadLetterEventMissingError(run_id=row.run_id)
 
 
 def _decoded(text: str | None) -> Any:

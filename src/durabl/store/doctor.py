@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from durabl import codec, events
-from durabl.errors import StorageError
+from durabl.errors import MissingSnapshotError, StorageError
 from durabl.store.sqlite import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION, Q, SQLiteStore
 
 Progress = Callable[[int, int], None]
@@ -185,7 +185,7 @@ def _snapshot_damage(run: _Run) -> str | None:
 def _log_problems(run: _Run, log: _Log | None) -> Iterator[str]:
     name, mark = f"run {run.run_id}", run.watermark
     if mark > 0 and run.snapshot is None:
-        yield f"{name} is compacted up to seq {mark} but has no snapshot"
+        yield str(MissingSnapshotError(run_id=run.run_id, watermark=mark))
     if mark == 0 and run.snapshot is not None:
         yield f"{name} has a snapshot but its watermark is 0"
     if log is None:

@@ -21,7 +21,26 @@ from typing import Any
 from urllib.request import pathname2url
 
 from durabl import codec
-from durabl.errors import DurablError, LeaseLost, SchemaVersionError, StorageError
+from durabl.errors import (
+    DirectoryNotFileError,
+    DurablError,
+    EmptyFileError,
+    EventChecksumError,
+    ForeignDatabaseError,
+    LeaseLost,
+    MissingFileError,
+    NoRunToCompactError,
+    NotSQLiteError,
+    ReadOnlyPathError,
+    SchemaVersionError,
+    SideEffectExistsError,
+    SnapshotChecksumError,
+    StorageError,
+    StoreClosedError,
+    TruncatedFileError,
+    UninitialisedError,
+    WalModeError,
+)
 from durabl.events import Event
 from durabl.store.base import UNCHANGED, Commit, KeyClaim, Lease, RunRow, SideEffect
 
@@ -128,7 +147,7 @@ class SQLiteStore:
                     conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
                 mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
                 if mode.lower() != "wal":
-                    raise StorageError(f"{self.path}: cannot switch the database to WAL mode")
+                    raise WalModeError(path=self.path)
                 conn.execute("PRAGMA synchronous = NORMAL")
                 self._migrate(conn)
             return conn
@@ -143,16 +162,11 @@ class SQLiteStore:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         tables = conn.execute(Q["count_tables"]).fetchone()[0]
         if app_id != APPLICATION_ID and (tables or version):
-            raise StorageError(
-                f"{self.path} is a SQLite database but not a durabl database; refusing to touch it"
-            )
+            raise ForeignDatabaseError(path=self.path)
         if version > SCHEMA_VERSION:
-            raise SchemaVersionError(
-                f"{self.path} has durabl schema v{version}, written by a newer durabl; this "
-                f"version understands up to v{SCHEMA_VERSION}. Upgrade durabl to open it."
-            )
+            raise SchemaVersionError(path=self.path, found=version, supported=SCHEMA_VERSION)
         if read_only and self.read_only and app_id != APPLICATION_ID:
-            raise StorageError(f"{self.path} is not an initialised durabl database")
+            raise UninitialisedError(path=self.path)
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         """Bring the schema up to date. A current database is not written to at all."""
@@ -214,7 +228,7 @@ class SQLiteStore:
 
     def _live(self) -> sqlite3.Connection:
         if self._closed:
-            raise StorageError(f"{self.path}: the store is closed")
+            raise StoreClosedError(path=self.path)
         return self._conn
 
     # -- the Store interface ---------------------------------------------------------------
@@ -261,11 +275,7 @@ class SQLiteStore:
         log = []
         for seq, kind, step, fp, data, at_s, crc in rows:
             if codec.checksum(seq, kind, step, fp, data, at_s) != crc:
-                raise StorageError(
-                    f"{self.path}: event seq {seq} of run {run_id} fails its checksum; the log is "
-                    f"damaged and will not be replayed. Restore the database from a "
-                    f"backup."
-                )
+                raise EventChecksumError(path=self.path, run_id=run_id, seq=seq)
             log.append(Event(seq, kind, step, fp, data, at_s))
         return log
 
@@ -309,17 +319,12 @@ class SQLiteStore:
         except StorageError as exc:
             effect = commit.side_effect
             if effect is not None and "second side effect" in str(exc):
-                raise StorageError(
-                    f"{self.path}: refusing to record a second side effect for idempotency key "
-                    f"{effect.key!r} (run {effect.run_id}, step {effect.step}): one key, one "
-                    f"effect, ever"
+                raise SideEffectExistsError(
+                    path=self.path, key=effect.key, run_id=effect.run_id, step=effect.step
                 ) from None
             raise
         if commit.fence is not None and not commit.events and changed == 0:
-            raise LeaseLost(
-                f"run {commit.run_id}: lease lost: another process owns this run now "
-                f"(this process held token {commit.fence})"
-            )
+            raise LeaseLost(run_id=commit.run_id, token=commit.fence)
 
     def _apply(self, statements: list[tuple[str, tuple[Any, ...]]], durable: bool) -> int:
         """Execute ``statements`` atomically; returns the rows the last one changed. A single
@@ -378,13 +383,10 @@ class SQLiteStore:
         with self._write(durable=True) as conn:
             found = conn.execute(Q["compact_check"], (run_id,)).fetchone()
             if found is None:
-                raise StorageError(f"{self.path}: no run {run_id!r} to compact")
+                raise NoRunToCompactError(path=self.path, run_id=run_id)
             token, old_mark, last_seq = found
             if token != fence:
-                raise LeaseLost(
-                    f"run {run_id}: lease lost: another process owns this run now "
-                    f"(this process held token {fence})"
-                )
+                raise LeaseLost(run_id=run_id, token=fence)
             if not old_mark < watermark <= (last_seq or 0):
                 raise ValueError(
                     f"run {run_id}: cannot fold up to seq {watermark}: the log holds seqs "
@@ -406,11 +408,7 @@ class SQLiteStore:
             return 0, None, []
         watermark, text, crc = found
         if text is not None and codec.snapshot_checksum(watermark, text) != crc:
-            raise StorageError(
-                f"{self.path}: the snapshot of run {run_id} (its log up to seq {watermark}) "
-                f"fails its checksum; it will not be replayed. Restore the database from a "
-                f"backup."
-            )
+            raise SnapshotChecksumError(path=self.path, run_id=run_id, watermark=watermark)
         return watermark, text, self._verified(run_id, rows)
 
     def reclaim(self) -> tuple[int, int]:
@@ -483,31 +481,28 @@ def _split_script(script: str) -> list[str]:
 def _check_file(path: str, *, read_only: bool) -> None:
     """Refuse foreign, truncated or newer files before SQLite gets a chance to touch them."""
     if os.path.isdir(path):
-        raise StorageError(f"{path} is a directory, not a durabl database file")
+        raise DirectoryNotFileError(path=path)
     if not os.path.exists(path):
         if read_only:
-            raise StorageError(f"{path} does not exist")
+            raise MissingFileError(path=path)
         parent = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(parent):
-            raise StorageError(f"cannot create {path}: directory {parent} does not exist")
+            raise MissingFileError(path=path, directory=parent)
         _check_writable_dir(path)
         return
     if not read_only:
         _check_writable_dir(path)
         if not os.access(path, os.W_OK):
-            raise StorageError(
-                f"{path} is read-only; a runtime must write to it (open it with read_only=True "
-                f"to only look)"
-            )
+            raise ReadOnlyPathError(path=path)
     size = os.path.getsize(path)
     if size == 0:
         if read_only:
-            raise StorageError(f"{path} is empty, not a durabl database")
+            raise EmptyFileError(path=path)
         return
     with open(path, "rb") as handle:
         header = handle.read(100)
     if len(header) < 100 or not header.startswith(SQLITE_MAGIC):
-        raise StorageError(f"{path} is not a durabl database (not a SQLite file)")
+        raise NotSQLiteError(path=path)
     page_size = int.from_bytes(header[16:18], "big")
     page_size = 65536 if page_size == 1 else page_size
     change_counter = int.from_bytes(header[24:28], "big")
@@ -518,19 +513,13 @@ def _check_file(path: str, *, read_only: bool) -> None:
     wal = f"{path}-wal"
     at_rest = not (os.path.exists(wal) and os.path.getsize(wal) > 0)
     if at_rest and valid_for == change_counter and pages and size < pages * page_size:
-        raise StorageError(
-            f"{path} is truncated: its header promises {pages * page_size} bytes, the file has "
-            f"{size}. Restore it from a backup; durabl will not guess at missing history."
-        )
+        raise TruncatedFileError(path=path, promised_bytes=pages * page_size, found_bytes=size)
 
 
 def _check_writable_dir(path: str) -> None:
     parent = os.path.dirname(os.path.abspath(path))
     if not os.access(parent, os.W_OK):
-        raise StorageError(
-            f"{path}: directory {parent} is read-only; durabl writes the database and its -wal "
-            f"and -shm files there (open it with read_only=True to only look)"
-        )
+        raise ReadOnlyPathError(path=path, directory=parent)
 
 
 def _storage_error(path: str, exc: sqlite3.Error) -> DurablError:
@@ -547,7 +536,7 @@ def _storage_error(path: str, exc: sqlite3.Error) -> DurablError:
     elif "unique constraint failed: side_effects" in lowered:
         why = "refusing to record a second side effect for one idempotency key: one key, one effect, ever"
     elif "lease lost" in lowered:
-        return LeaseLost(f"{path}: lease lost: another process owns this run now")
+        return LeaseLost(path=path)
     elif "durabl:" in lowered:
         why = text[text.index("durabl:") + len("durabl:") :].strip()
     else:
