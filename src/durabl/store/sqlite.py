@@ -5,6 +5,9 @@ the commit is in the WAL, which the OS holds) except commits marked ``durable`` 
 ``durability="full"``, which run with ``synchronous=FULL`` and so fsync the WAL before returning.
 Because the WAL is one append-only file, that fsync also makes every earlier commit durable, so
 the runtime pays one fsync per completed step and nothing for the bookkeeping before it.
+
+The SQL is in ``schema`` (named statements, migrations), how a file is judged and opened in
+``connection`` and ``files``, and what SQLite's errors mean in ``sqlite_errors``.
 """
 
 from __future__ import annotations
@@ -12,66 +15,31 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import sqlite3
 import threading
 from collections.abc import Iterator
-from importlib import resources
 from typing import Any
-from urllib.request import pathname2url
 
 from durabl import codec
 from durabl.errors import (
-    DirectoryNotFileError,
-    DurablError,
-    EmptyFileError,
     EventChecksumError,
-    ForeignDatabaseError,
     LeaseLost,
-    MissingFileError,
     NoRunToCompactError,
-    NotSQLiteError,
-    ReadOnlyPathError,
-    SchemaVersionError,
     SideEffectExistsError,
     SnapshotChecksumError,
     StorageError,
     StoreClosedError,
-    TruncatedFileError,
-    UninitialisedError,
-    WalModeError,
 )
 from durabl.events import Event
 from durabl.store.base import UNCHANGED, Commit, KeyClaim, Lease, RunRow, SideEffect
+from durabl.store.connection import open_database
+from durabl.store.files import file_bytes
+from durabl.store.schema import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION, Q
+from durabl.store.sqlite_errors import storage_error
 
-APPLICATION_ID = 0x64726231  # "drb1": marks a file as a durabl database
-SQLITE_MAGIC = b"SQLite format 3\x00"
-BUSY_TIMEOUT_MS = 30_000
+__all__ = ["APPLICATION_ID", "MIGRATIONS", "SCHEMA_VERSION", "Q", "SQLiteStore"]
+
 DURABILITY_MODES = ("full", "process")
-
-
-def _load_queries() -> dict[str, str]:
-    text = resources.files("durabl.store").joinpath("sql/sqlite_queries.sql").read_text()
-    queries: dict[str, str] = {}
-    for block in re.split(r"^-- name: ", text, flags=re.M)[1:]:
-        name, _, body = block.partition("\n")
-        queries[name.strip()] = body.strip()
-    return queries
-
-
-def _load_migrations() -> list[tuple[int, str]]:
-    folder = resources.files("durabl.store").joinpath("sql")
-    found = []
-    for entry in folder.iterdir():
-        match = re.fullmatch(r"sqlite_(\d{4})_\w+\.sql", entry.name)
-        if match:
-            found.append((int(match.group(1)), entry.read_text()))
-    return sorted(found)
-
-
-Q = _load_queries()
-MIGRATIONS = _load_migrations()
-SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 
 def _run_row(row: tuple[Any, ...]) -> RunRow:
@@ -115,78 +83,9 @@ class SQLiteStore:
         self._lock = threading.RLock()
         self._sync_full = False
         self._closed = False
-        _check_file(self.path, read_only=read_only)
-        self._conn = self._connect()
+        self._conn = open_database(self.path, read_only=read_only)
 
-    # -- opening ---------------------------------------------------------------------------
-
-    def _connect(self) -> sqlite3.Connection:
-        if not self.read_only and os.path.exists(self.path) and os.path.getsize(self.path) > 0:
-            # Judge an existing file through a read-only connection first: closing it never
-            # checkpoints or removes a -wal, so a refused file is left exactly as it was.
-            self._open(read_only=True).close()
-        return self._open(read_only=self.read_only)
-
-    def _open(self, *, read_only: bool) -> sqlite3.Connection:
-        try:
-            if read_only:
-                uri = f"file:{pathname2url(os.path.abspath(self.path))}?mode=ro"
-                conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
-                conn.execute("PRAGMA query_only = ON")
-            else:
-                conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        except sqlite3.Error as exc:
-            raise _storage_error(self.path, exc) from None
-        try:
-            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            self._check_identity(conn, read_only)
-            if not read_only:
-                if conn.execute(Q["count_tables"]).fetchone()[0] == 0:
-                    # A new file: let compaction hand freed pages back to the file system.
-                    # Only possible before the first table, and before the switch to WAL.
-                    conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
-                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-                if mode.lower() != "wal":
-                    raise WalModeError(path=self.path)
-                conn.execute("PRAGMA synchronous = NORMAL")
-                self._migrate(conn)
-            return conn
-        except BaseException as exc:
-            conn.close()
-            if isinstance(exc, sqlite3.Error):
-                raise _storage_error(self.path, exc) from None
-            raise
-
-    def _check_identity(self, conn: sqlite3.Connection, read_only: bool) -> None:
-        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        tables = conn.execute(Q["count_tables"]).fetchone()[0]
-        if app_id != APPLICATION_ID and (tables or version):
-            raise ForeignDatabaseError(path=self.path)
-        if version > SCHEMA_VERSION:
-            raise SchemaVersionError(path=self.path, found=version, supported=SCHEMA_VERSION)
-        if read_only and self.read_only and app_id != APPLICATION_ID:
-            raise UninitialisedError(path=self.path)
-
-    def _migrate(self, conn: sqlite3.Connection) -> None:
-        """Bring the schema up to date. A current database is not written to at all."""
-        if _schema_of(conn) == (APPLICATION_ID, SCHEMA_VERSION):
-            return
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-            for number, script in MIGRATIONS:
-                if number > version:
-                    for statement in _split_script(script):
-                        conn.execute(statement)
-                    conn.execute(f"PRAGMA user_version = {number}")
-            conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-
-    # -- the write helper ------------------------------------------------------------------
+    # -- transactions ----------------------------------------------------------------------
 
     @contextlib.contextmanager
     def _write(self, durable: bool) -> Iterator[sqlite3.Connection]:
@@ -197,7 +96,7 @@ class SQLiteStore:
                 self._set_sync(conn, durable)
                 conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
-                raise _storage_error(self.path, exc) from None
+                raise storage_error(self.path, exc) from None
             try:
                 yield conn
                 conn.execute("COMMIT")
@@ -205,7 +104,7 @@ class SQLiteStore:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 if isinstance(exc, sqlite3.Error):
-                    raise _storage_error(self.path, exc) from None
+                    raise storage_error(self.path, exc) from None
                 raise
 
     def _set_sync(self, conn: sqlite3.Connection, durable: bool) -> None:
@@ -224,7 +123,7 @@ class SQLiteStore:
             try:
                 yield conn
             except sqlite3.Error as exc:
-                raise _storage_error(self.path, exc) from None
+                raise storage_error(self.path, exc) from None
 
     def _live(self) -> sqlite3.Connection:
         if self._closed:
@@ -337,7 +236,7 @@ class SQLiteStore:
                     self._set_sync(conn, durable)
                     return conn.execute(*statements[0]).rowcount
                 except sqlite3.Error as exc:
-                    raise _storage_error(self.path, exc) from None
+                    raise storage_error(self.path, exc) from None
         with self._write(durable) as conn:
             changed = 0
             for sql, params in statements:
@@ -416,7 +315,7 @@ class SQLiteStore:
             conn = self._live()
             try:
                 conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()  # sizes like for like
-                before = _file_bytes(self.path)
+                before = file_bytes(self.path)
                 if conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2:  # incremental
                     # Frees one page per step of the statement: executescript steps it to the
                     # end, where execute() would stop after the first page.
@@ -428,8 +327,8 @@ class SQLiteStore:
                     conn.execute("VACUUM")
                 conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
             except sqlite3.Error as exc:
-                raise _storage_error(self.path, exc) from None
-            return before, _file_bytes(self.path)
+                raise storage_error(self.path, exc) from None
+            return before, file_bytes(self.path)
 
     def close(self) -> None:
         with self._lock:
@@ -443,102 +342,3 @@ class SQLiteStore:
 def _event_insert(run_id: str, e: Event, fence: int | None) -> tuple[str, tuple[Any, ...]]:
     crc = codec.checksum(e.seq, e.kind, e.step, e.fp, e.data, e.at_s)
     return Q["insert_event"], (run_id, e.seq, e.kind, e.step, e.fp, e.data, e.at_s, crc, fence)
-
-
-def _file_bytes(path: str) -> int:
-    """The database's size on disk, its WAL included."""
-    wal = f"{path}-wal"
-    return os.path.getsize(path) + (os.path.getsize(wal) if os.path.exists(wal) else 0)
-
-
-def _schema_of(conn: sqlite3.Connection) -> tuple[int, int]:
-    app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-    return app_id, conn.execute("PRAGMA user_version").fetchone()[0]
-
-
-def _split_script(script: str) -> list[str]:
-    """Split a migration into statements; trigger bodies keep their inner semicolons."""
-    statements, current = [], []
-    depth = 0
-    for line in script.splitlines():
-        stripped = line.strip()
-        if not stripped or stripped.startswith("--"):
-            continue
-        current.append(line)
-        upper = stripped.upper()
-        if upper.startswith("BEGIN") or upper.endswith(" BEGIN"):
-            depth += 1
-        if upper.startswith("END;"):
-            depth -= 1
-        if stripped.endswith(";") and depth == 0:
-            statements.append("\n".join(current))
-            current = []
-    if current:
-        statements.append("\n".join(current))
-    return statements
-
-
-def _check_file(path: str, *, read_only: bool) -> None:
-    """Refuse foreign, truncated or newer files before SQLite gets a chance to touch them."""
-    if os.path.isdir(path):
-        raise DirectoryNotFileError(path=path)
-    if not os.path.exists(path):
-        if read_only:
-            raise MissingFileError(path=path)
-        parent = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(parent):
-            raise MissingFileError(path=path, directory=parent)
-        _check_writable_dir(path)
-        return
-    if not read_only:
-        _check_writable_dir(path)
-        if not os.access(path, os.W_OK):
-            raise ReadOnlyPathError(path=path)
-    size = os.path.getsize(path)
-    if size == 0:
-        if read_only:
-            raise EmptyFileError(path=path)
-        return
-    with open(path, "rb") as handle:
-        header = handle.read(100)
-    if len(header) < 100 or not header.startswith(SQLITE_MAGIC):
-        raise NotSQLiteError(path=path)
-    page_size = int.from_bytes(header[16:18], "big")
-    page_size = 65536 if page_size == 1 else page_size
-    change_counter = int.from_bytes(header[24:28], "big")
-    pages = int.from_bytes(header[28:32], "big")
-    valid_for = int.from_bytes(header[92:96], "big")
-    # With a live WAL, another process may be checkpointing into the file right now, which
-    # writes the header before the pages that extend the file: the sizes only agree at rest.
-    wal = f"{path}-wal"
-    at_rest = not (os.path.exists(wal) and os.path.getsize(wal) > 0)
-    if at_rest and valid_for == change_counter and pages and size < pages * page_size:
-        raise TruncatedFileError(path=path, promised_bytes=pages * page_size, found_bytes=size)
-
-
-def _check_writable_dir(path: str) -> None:
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.access(parent, os.W_OK):
-        raise ReadOnlyPathError(path=path, directory=parent)
-
-
-def _storage_error(path: str, exc: sqlite3.Error) -> DurablError:
-    text = str(exc)
-    lowered = text.lower()
-    if "readonly" in lowered or "read-only" in lowered:
-        why = "the database or its directory is read-only"
-    elif "disk is full" in lowered or "database or disk is full" in lowered:
-        why = "the disk is full; nothing of this write was kept"
-    elif "malformed" in lowered or "not a database" in lowered or "corrupt" in lowered:
-        why = "the file is corrupt; restore it from a backup"
-    elif "unable to open" in lowered:
-        why = "the file cannot be opened (check the path and permissions)"
-    elif "unique constraint failed: side_effects" in lowered:
-        why = "refusing to record a second side effect for one idempotency key: one key, one effect, ever"
-    elif "lease lost" in lowered:
-        return LeaseLost(path=path)
-    elif "durabl:" in lowered:
-        why = text[text.index("durabl:") + len("durabl:") :].strip()
-    else:
-        why = text
-    return StorageError(f"{path}: {why} ({text})" if why != text else f"{path}: {text}")
