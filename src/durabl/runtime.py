@@ -176,6 +176,27 @@ class _Drive:
     def now(self) -> float:
         return self.fixed_now_s if self.fixed_now_s is not None else self.rt._clock()
 
+    def effect(
+        self,
+        key: str,
+        tool: str,
+        args_fp: str,
+        *,
+        result: str | None = None,
+        error: str | None = None,
+    ) -> SideEffect:
+        """The side effect the current step records for ``key``: its result or its error."""
+        return SideEffect(
+            key=key,
+            run_id=self.run_id,
+            step=self.position,
+            tool=tool,
+            args_fp=args_fp,
+            result_text=result,
+            error=error,
+            at_s=self.now(),
+        )
+
     def ctx_value(self, what: str, draw: Callable[[], Any]) -> Any:
         self.position += 1
         step = _CTX_STEPS[what]
@@ -302,16 +323,16 @@ class Runtime:
         now_s = self._clock()
         started = codec.encode({"workflow": wf.name, "input": value, **self._boundary})
         row = RunRow(
-            run_id,
-            wf.name,
-            input_text,
-            events.RUNNING,
-            None,
-            None,
-            now_s,
-            now_s,
-            None,
-            0,
+            run_id=run_id,
+            workflow=wf.name,
+            input_text=input_text,
+            status=events.RUNNING,
+            result_text=None,
+            error=None,
+            created_s=now_s,
+            updated_s=now_s,
+            wake_at_s=None,
+            watermark=0,
             lease=self._leaser.lease(),
         )
         existing = self.store.create_run(row, Event(1, events.RUN_STARTED, 0, None, started, now_s))
@@ -433,7 +454,14 @@ class Runtime:
             if self.store.side_effect(key) is not None:
                 raise EffectAlreadyRecordedError(key=key, run_id=run_id)
             effect = SideEffect(
-                key, run_id, event.step, data["tool"], data["fp"], text, None, self._clock()
+                key=key,
+                run_id=run_id,
+                step=event.step,
+                tool=data["tool"],
+                args_fp=data["fp"],
+                result_text=text,
+                error=None,
+                at_s=self._clock(),
             )
             wf = workflows.resolve(row.workflow, self._workflows)
             d = self._new_drive(row, wf, None, dry=False, token=token)
@@ -788,7 +816,11 @@ class Runtime:
             return self._call_tool(tool, args)
 
         claim = (
-            KeyClaim(key, d.run_id, d.position, step.name, step.fingerprint) if explicit else None
+            KeyClaim(
+                key=key, run_id=d.run_id, step=d.position, tool=step.name, args_fp=step.fingerprint
+            )
+            if explicit
+            else None
         )
         return self._attempts(
             d,
@@ -879,9 +911,7 @@ class Runtime:
                 raise err from None
             effect = None
             if dispatch and key is not None:
-                effect = SideEffect(
-                    key, d.run_id, d.position, name, step.fingerprint, text, None, d.now()
-                )
+                effect = d.effect(key, name, step.fingerprint, result=text)
             self._commit(
                 d,
                 [(events.STEP_COMPLETED, None, text)],
@@ -922,9 +952,7 @@ class Runtime:
         durabl cannot record), its key is spent: the side_effects row records the failure."""
         effect = None
         if effect_happened and key is not None:
-            effect = SideEffect(
-                key, d.run_id, d.position, err.step_name, fp, None, str(err), d.now()
-            )
+            effect = d.effect(key, err.step_name, fp, error=str(err))
         self._commit(
             d,
             [(events.STEP_FAILED, None, codec.encode(err.to_record()))],

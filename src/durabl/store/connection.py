@@ -38,6 +38,7 @@ def _open(path: str, *, read_only: bool, writer: bool) -> sqlite3.Connection:
             conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     except sqlite3.Error as exc:
         raise storage_error(path, exc) from None
+    conn.row_factory = sqlite3.Row
     try:
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         _check_identity(path, conn, writer=writer)

@@ -1,7 +1,8 @@
 """The SQL the SQLite store ships: its named statements, its numbered migrations, and the runner
 that brings a database's schema up to date.
 
-The statements live in ``sql/sqlite_queries.sql``, one per ``-- name:`` block. A migration is ``sql/sqlite_NNNN_what.sql``; once shipped it is never
+The statements live in ``sql/sqlite_queries.sql``, one per ``-- name:`` block, each taking named
+parameters (``:run_id``). A migration is ``sql/sqlite_NNNN_what.sql``; once shipped it is never
 edited, because the triggers it created are in databases users already have.
 """
 

@@ -13,6 +13,7 @@ The SQL is in ``schema`` (named statements, migrations), how a file is judged an
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sqlite3
@@ -41,25 +42,47 @@ __all__ = ["APPLICATION_ID", "MIGRATIONS", "SCHEMA_VERSION", "Q", "SQLiteStore"]
 
 DURABILITY_MODES = ("full", "process")
 
+Statement = tuple[str, dict[str, Any]]
+"""A statement to run: its name in ``Q`` and its named parameters."""
 
-def _run_row(row: tuple[Any, ...]) -> RunRow:
-    run_id, workflow, input_text, status, result, error, created_s, updated_s, wake, mark = row[:10]
-    owner, pid, host, started, expires_s, token = row[10:16]
-    lease = None if owner is None else Lease(owner, pid, host, started, expires_s, token)
-    return RunRow(
-        run_id,
-        workflow,
-        input_text,
-        status,
-        result,
-        error,
-        created_s,
-        updated_s,
-        wake,
-        mark,
-        lease=lease,
-        lease_token=token,
-    )
+_COLUMN_OF = {
+    "key": "idempotency_key",
+    "input_text": "input",
+    "result_text": "result",
+    "owner": "lease_owner",
+    "pid": "lease_pid",
+    "host": "lease_host",
+    "started": "lease_started",
+    "expires_s": "lease_expires_s",
+}
+"""The column that stores a record's field, where the two names differ."""
+
+_LEASE_FIELDS = ("owner", "pid", "host", "started", "expires_s")
+_NO_LEASE = {_COLUMN_OF[name]: None for name in _LEASE_FIELDS}
+
+
+def _params(record: Any, **extra: Any) -> dict[str, Any]:
+    """A record's fields as named parameters (named after their columns), and ``extra``.
+    Shallow, where ``dataclasses.asdict`` would copy every value on the hot path. Keys a
+    statement does not name are ignored."""
+    fields = dataclasses.fields(record)
+    return {_COLUMN_OF.get(f.name, f.name): getattr(record, f.name) for f in fields} | extra
+
+
+def _run_row(row: sqlite3.Row) -> RunRow:
+    """A runs row, selected with its columns named after the fields of RunRow and Lease."""
+    fields = dict(row)
+    lease = {name: fields.pop(name) for name in _LEASE_FIELDS}
+    held = None if lease["owner"] is None else Lease(**lease, token=fields["lease_token"])
+    return RunRow(**fields, lease=held)
+
+
+def _crc(e: Event) -> int:
+    return codec.checksum(e.seq, e.kind, e.step, e.fp, e.data, e.at_s)
+
+
+def _event_insert(run_id: str, e: Event, fence: int | None) -> Statement:
+    return "insert_event", {"run_id": run_id, **e._asdict(), "crc": _crc(e), "fence": fence}
 
 
 class SQLiteStore:
@@ -125,6 +148,18 @@ class SQLiteStore:
             except sqlite3.Error as exc:
                 raise storage_error(self.path, exc) from None
 
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[sqlite3.Connection]:
+        """One read transaction: every read made through the connection sees one state of the
+        file, whatever other processes commit meanwhile. For this store and its own tools
+        (``doctor``); rows come back as ``sqlite3.Row``."""
+        with self._read() as conn:
+            conn.execute("BEGIN")
+            try:
+                yield conn
+            finally:
+                conn.execute("COMMIT")
+
     def _live(self) -> sqlite3.Connection:
         if self._closed:
             raise StoreClosedError(path=self.path)
@@ -134,24 +169,18 @@ class SQLiteStore:
 
     def create_run(self, row: RunRow, first: Event) -> RunRow | None:
         with self._write(durable=True) as conn:
-            existing = conn.execute(Q["get_run"], (row.run_id,)).fetchone()
+            existing = conn.execute(Q["get_run"], {"run_id": row.run_id}).fetchone()
             if existing is not None:
                 return _run_row(existing)
-            lease = row.lease
-            held = (
-                (None,) * 5
-                if lease is None
-                else (lease.owner, lease.pid, lease.host, lease.started, lease.expires_s)
-            )
-            token = 0 if lease is None else 1
-            run = (row.run_id, row.workflow, row.input_text, row.status, row.created_s)
-            conn.execute(Q["insert_run"], (*run, row.updated_s, *held, token))
-            conn.execute(*_event_insert(row.run_id, first, None if lease is None else token))
+            token = None if row.lease is None else 1
+            lease = _NO_LEASE if row.lease is None else _params(row.lease)
+            self._execute(conn, ("insert_run", _params(row, **lease, lease_token=token or 0)))
+            self._execute(conn, _event_insert(row.run_id, first, token))
         return None
 
     def get_run(self, run_id: str) -> RunRow | None:
         with self._read() as conn:
-            found = conn.execute(Q["get_run"], (run_id,)).fetchone()
+            found = conn.execute(Q["get_run"], {"run_id": run_id}).fetchone()
         return None if found is None else _run_row(found)
 
     def list_runs(
@@ -160,61 +189,32 @@ class SQLiteStore:
         workflow: str | None = None,
         limit: int | None = None,
     ) -> list[RunRow]:
-        wanted = None if statuses is None else json.dumps(list(statuses))
+        wanted = {
+            "statuses": None if statuses is None else json.dumps(list(statuses)),
+            "workflow": workflow,
+            "limit": -1 if limit is None else limit,
+        }
         with self._read() as conn:
-            rows = conn.execute(Q["list_runs"], (wanted, workflow, -1 if limit is None else limit))
-            return [_run_row(r) for r in rows.fetchall()]
+            return [_run_row(r) for r in conn.execute(Q["list_runs"], wanted).fetchall()]
 
     def load_log(self, run_id: str, after_seq: int = 0) -> list[Event]:
         with self._read() as conn:
-            rows = conn.execute(Q["load_log"], (run_id, after_seq)).fetchall()
-        return self._verified(run_id, rows)
+            rows = conn.execute(Q["load_log"], {"run_id": run_id, "after_seq": after_seq})
+            found = rows.fetchall()
+        return self._verified(run_id, found)
 
-    def _verified(self, run_id: str, rows: list[tuple[Any, ...]]) -> list[Event]:
+    def _verified(self, run_id: str, rows: list[sqlite3.Row]) -> list[Event]:
         log = []
-        for seq, kind, step, fp, data, at_s, crc in rows:
-            if codec.checksum(seq, kind, step, fp, data, at_s) != crc:
-                raise EventChecksumError(path=self.path, run_id=run_id, seq=seq)
-            log.append(Event(seq, kind, step, fp, data, at_s))
+        for row in rows:
+            event = Event(**{name: row[name] for name in Event._fields})
+            if _crc(event) != row["crc"]:
+                raise EventChecksumError(path=self.path, run_id=run_id, seq=event.seq)
+            log.append(event)
         return log
 
     def commit(self, commit: Commit) -> None:
-        statements: list[tuple[str, tuple[Any, ...]]] = [
-            _event_insert(commit.run_id, event, commit.fence) for event in commit.events
-        ]
-        if commit.side_effect is not None:
-            e = commit.side_effect
-            row = (e.key, e.run_id, e.step, e.tool, e.args_fp, e.result_text, e.error, e.at_s)
-            statements.append((Q["insert_side_effect"], row))
-        if commit.claim is not None:
-            c = commit.claim
-            claim = (c.key, c.run_id, c.step, c.tool, c.args_fp, commit.at_s)
-            statements.append((Q["upsert_claim"], claim))
-        if commit.release_claim is not None:
-            statements.append((Q["delete_claim"], (commit.release_claim,)))
-        set_wake = commit.wake_at_s != UNCHANGED
-        if (
-            commit.status is not None
-            or commit.result_text is not None
-            or commit.error is not None
-            or commit.clear_error
-            or set_wake
-            or (commit.fence is not None and not commit.events)
-        ):
-            update = (
-                commit.run_id,
-                commit.status,
-                commit.result_text,
-                commit.error,
-                commit.clear_error,
-                set_wake,
-                commit.wake_at_s if set_wake else None,
-                commit.at_s,
-                commit.fence,
-            )
-            statements.append((Q["update_run"], update))
         try:
-            changed = self._apply(statements, commit.durable)
+            changed = self._apply(self._statements(commit), commit.durable)
         except StorageError as exc:
             effect = commit.side_effect
             if effect is not None and "second side effect" in str(exc):
@@ -225,7 +225,35 @@ class SQLiteStore:
         if commit.fence is not None and not commit.events and changed == 0:
             raise LeaseLost(run_id=commit.run_id, token=commit.fence)
 
-    def _apply(self, statements: list[tuple[str, tuple[Any, ...]]], durable: bool) -> int:
+    def _statements(self, commit: Commit) -> list[Statement]:
+        """What ``commit`` writes, in order; the run row's update comes last, so that its
+        changed-row count tells whether the fence held."""
+        statements = [_event_insert(commit.run_id, event, commit.fence) for event in commit.events]
+        if commit.side_effect is not None:
+            statements.append(("insert_side_effect", _params(commit.side_effect)))
+        if commit.claim is not None:
+            statements.append(("upsert_claim", _params(commit.claim, at_s=commit.at_s)))
+        if commit.release_claim is not None:
+            statements.append(("delete_claim", {"idempotency_key": commit.release_claim}))
+        set_wake = commit.wake_at_s != UNCHANGED
+        if (
+            commit.status is not None
+            or commit.result_text is not None
+            or commit.error is not None
+            or commit.clear_error
+            or set_wake
+            or (commit.fence is not None and not commit.events)
+        ):
+            update = _params(
+                commit,
+                set_wake=set_wake,
+                wake_at_s=commit.wake_at_s if set_wake else None,
+                updated_s=commit.at_s,
+            )
+            statements.append(("update_run", update))
+        return statements
+
+    def _apply(self, statements: list[Statement], durable: bool) -> int:
         """Execute ``statements`` atomically; returns the rows the last one changed. A single
         statement is its own transaction in SQLite's autocommit mode, which saves the
         BEGIN/COMMIT round trips on the hot path."""
@@ -234,43 +262,52 @@ class SQLiteStore:
                 conn = self._live()
                 try:
                     self._set_sync(conn, durable)
-                    return conn.execute(*statements[0]).rowcount
+                    return self._execute(conn, statements[0])
                 except sqlite3.Error as exc:
                     raise storage_error(self.path, exc) from None
         with self._write(durable) as conn:
             changed = 0
-            for sql, params in statements:
-                changed = conn.execute(sql, params).rowcount
+            for statement in statements:
+                changed = self._execute(conn, statement)
             return changed
 
+    def _execute(self, conn: sqlite3.Connection, statement: Statement) -> int:
+        name, params = statement
+        return conn.execute(Q[name], params).rowcount
+
     def take_lease(self, run_id: str, seen_token: int, lease: Lease) -> int | None:
-        row = (lease.owner, lease.pid, lease.host, lease.started, lease.expires_s)
+        taking = _params(lease, run_id=run_id, lease_token=seen_token)
         with self._write(durable=False) as conn:
-            changed = conn.execute(Q["take_lease"], (*row, run_id, seen_token)).rowcount
+            changed = conn.execute(Q["take_lease"], taking).rowcount
         return seen_token + 1 if changed == 1 else None
 
     def renew_lease(self, run_id: str, token: int, owner: str, expires_s: float) -> bool:
+        renewal = {
+            "run_id": run_id,
+            "lease_token": token,
+            "lease_owner": owner,
+            "lease_expires_s": expires_s,
+        }
         with self._write(durable=False) as conn:
-            changed = conn.execute(Q["renew_lease"], (expires_s, run_id, token, owner)).rowcount
-        return changed == 1
+            return conn.execute(Q["renew_lease"], renewal).rowcount == 1
 
     def release_lease(self, run_id: str, token: int) -> None:
         with self._write(durable=False) as conn:
-            conn.execute(Q["release_lease"], (run_id, token))
+            conn.execute(Q["release_lease"], {"run_id": run_id, "lease_token": token})
 
     def side_effect(self, key: str) -> SideEffect | None:
         with self._read() as conn:
-            found = conn.execute(Q["get_side_effect"], (key,)).fetchone()
-        return None if found is None else SideEffect(*found)
+            found = conn.execute(Q["get_side_effect"], {"idempotency_key": key}).fetchone()
+        return None if found is None else SideEffect(**found)
 
     def key_claim(self, key: str) -> KeyClaim | None:
         with self._read() as conn:
-            found = conn.execute(Q["get_claim"], (key,)).fetchone()
-        return None if found is None else KeyClaim(*found)
+            found = conn.execute(Q["get_claim"], {"idempotency_key": key}).fetchone()
+        return None if found is None else KeyClaim(**found)
 
     def due_runs(self, now_s: float) -> list[str]:
         with self._read() as conn:
-            return [r[0] for r in conn.execute(Q["due_runs"], (now_s,)).fetchall()]
+            return [r["run_id"] for r in conn.execute(Q["due_runs"], {"now_s": now_s})]
 
     def next_wake_s(self) -> float | None:
         with self._read() as conn:
@@ -278,35 +315,37 @@ class SQLiteStore:
         return None if value is None else float(value)
 
     def compact(self, run_id: str, watermark: int, snapshot: str, fence: int) -> int:
-        crc = codec.snapshot_checksum(watermark, snapshot)
+        folding = {
+            "run_id": run_id,
+            "watermark": watermark,
+            "body": snapshot,
+            "crc": codec.snapshot_checksum(watermark, snapshot),
+        }
         with self._write(durable=True) as conn:
-            found = conn.execute(Q["compact_check"], (run_id,)).fetchone()
+            found = conn.execute(Q["compact_check"], folding).fetchone()
             if found is None:
                 raise NoRunToCompactError(path=self.path, run_id=run_id)
-            token, old_mark, last_seq = found
-            if token != fence:
+            if found["lease_token"] != fence:
                 raise LeaseLost(run_id=run_id, token=fence)
+            old_mark, last_seq = found["watermark"], found["last_seq"]
             if not old_mark < watermark <= (last_seq or 0):
                 raise ValueError(
                     f"run {run_id}: cannot fold up to seq {watermark}: the log holds seqs "
                     f"{old_mark + 1}..{last_seq or old_mark}"
                 )
-            conn.execute(Q["set_watermark"], (run_id, watermark))
-            conn.execute(Q["set_snapshot"], (run_id, watermark, snapshot, crc))
-            return conn.execute(Q["delete_folded"], (run_id, watermark)).rowcount
+            conn.execute(Q["set_watermark"], folding)
+            conn.execute(Q["set_snapshot"], folding)
+            return conn.execute(Q["delete_folded"], folding).rowcount
 
     def load_history(self, run_id: str) -> tuple[int, str | None, list[Event]]:
-        with self._read() as conn:
-            conn.execute("BEGIN")  # one read snapshot: a compaction cannot tear the two reads
-            try:
-                found = conn.execute(Q["get_snapshot"], (run_id,)).fetchone()
-                rows = conn.execute(Q["load_log"], (run_id, 0)).fetchall()
-            finally:
-                conn.execute("COMMIT")
+        whose = {"run_id": run_id, "after_seq": 0}
+        with self.reading() as conn:  # a compaction cannot tear the two reads
+            found = conn.execute(Q["get_snapshot"], whose).fetchone()
+            rows = conn.execute(Q["load_log"], whose).fetchall()
         if found is None:
             return 0, None, []
-        watermark, text, crc = found
-        if text is not None and codec.snapshot_checksum(watermark, text) != crc:
+        watermark, text = found["watermark"], found["body"]
+        if text is not None and codec.snapshot_checksum(watermark, text) != found["crc"]:
             raise SnapshotChecksumError(path=self.path, run_id=run_id, watermark=watermark)
         return watermark, text, self._verified(run_id, rows)
 
@@ -335,10 +374,3 @@ class SQLiteStore:
             if not self._closed:
                 self._closed = True
                 self._conn.close()
-
-    # -- helpers ---------------------------------------------------------------------------
-
-
-def _event_insert(run_id: str, e: Event, fence: int | None) -> tuple[str, tuple[Any, ...]]:
-    crc = codec.checksum(e.seq, e.kind, e.step, e.fp, e.data, e.at_s)
-    return Q["insert_event"], (run_id, e.seq, e.kind, e.step, e.fp, e.data, e.at_s, crc, fence)
