@@ -14,6 +14,9 @@ from importlib import resources
 
 APPLICATION_ID = 0x64726231  # "drb1": marks a file as a durabl database
 
+TRIGGER_MARKER = "durabl:"
+"""How every trigger's RAISE message starts: the mark of a refusal by durabl's own schema."""
+
 
 def _load_queries() -> dict[str, str]:
     text = resources.files("durabl.store").joinpath("sql/sqlite_queries.sql").read_text()
@@ -37,6 +40,17 @@ def _load_migrations() -> list[tuple[int, str]]:
 Q = _load_queries()
 MIGRATIONS = _load_migrations()
 SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+_RAISING_TRIGGER = re.compile(r"CREATE TRIGGER (\w+)\b.*?RAISE\(ABORT, '((?:[^']|'')*)'\)", re.S)
+
+TRIGGERS_BY_MESSAGE: dict[str, str] = {
+    match.group(2).replace("''", "'"): match.group(1)
+    for _, script in MIGRATIONS
+    for match in _RAISING_TRIGGER.finditer(script)
+}
+"""Each trigger's RAISE message, as SQLite reports it, and the trigger's name. SQLite tells a
+trigger's refusal only by its message, and the messages are in every database ever created, so
+the message names the trigger and the trigger's name is the stable key."""
 
 
 def schema_of(conn: sqlite3.Connection) -> tuple[int, int]:

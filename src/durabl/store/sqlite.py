@@ -28,7 +28,6 @@ from durabl.errors import (
     NoRunToCompactError,
     SideEffectExistsError,
     SnapshotChecksumError,
-    StorageError,
     StoreClosedError,
 )
 from durabl.events import Event
@@ -36,7 +35,7 @@ from durabl.store.base import UNCHANGED, Commit, KeyClaim, Lease, RunRow, SideEf
 from durabl.store.connection import open_database
 from durabl.store.files import file_bytes
 from durabl.store.schema import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION, Q
-from durabl.store.sqlite_errors import storage_error
+from durabl.store.sqlite_errors import duplicate_key, storage_error
 
 __all__ = ["APPLICATION_ID", "MIGRATIONS", "SCHEMA_VERSION", "Q", "SQLiteStore"]
 
@@ -213,15 +212,7 @@ class SQLiteStore:
         return log
 
     def commit(self, commit: Commit) -> None:
-        try:
-            changed = self._apply(self._statements(commit), commit.durable)
-        except StorageError as exc:
-            effect = commit.side_effect
-            if effect is not None and "second side effect" in str(exc):
-                raise SideEffectExistsError(
-                    path=self.path, key=effect.key, run_id=effect.run_id, step=effect.step
-                ) from None
-            raise
+        changed = self._apply(self._statements(commit), commit.durable)
         if commit.fence is not None and not commit.events and changed == 0:
             raise LeaseLost(run_id=commit.run_id, token=commit.fence)
 
@@ -273,7 +264,15 @@ class SQLiteStore:
 
     def _execute(self, conn: sqlite3.Connection, statement: Statement) -> int:
         name, params = statement
-        return conn.execute(Q[name], params).rowcount
+        try:
+            return conn.execute(Q[name], params).rowcount
+        except sqlite3.IntegrityError as exc:
+            if name == "insert_side_effect" and duplicate_key(exc):
+                key, run_id, step = params["idempotency_key"], params["run_id"], params["step"]
+                raise SideEffectExistsError(
+                    path=self.path, key=key, run_id=run_id, step=step
+                ) from None
+            raise
 
     def take_lease(self, run_id: str, seen_token: int, lease: Lease) -> int | None:
         taking = _params(lease, run_id=run_id, lease_token=seen_token)
