@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from durabl import events
-from durabl.errors import RunLeased
+from durabl.errors import RunLeased, described
 
 if TYPE_CHECKING:
     from durabl.runtime import Runtime
@@ -160,7 +160,7 @@ class Worker:
             return
         except Exception as exc:  # one broken run never stops the others
             logger.warning("run %s (%s): %s", run_id, row.workflow, exc)
-            self.stats.errors.append(f"{run_id}: {type(exc).__name__}: {exc}")
+            self.stats.errors.append(f"{run_id}: {described(exc)}")
             self._note_failure(run_id, submitted_s)
             return
         if not wrote_before and run_id not in self.rt._owned:
