@@ -145,9 +145,8 @@ class Leaser:
             or lease.expires_s <= time.time()
             or owner_gone(row.run_id, lease)
         ):
-            raise RunDrivenElsewhere(
-                run_id=row.run_id, pid=lease.pid, host=lease.host, expires_s=lease.expires_s
-            )
+            until = time.strftime("%H:%M:%S", time.localtime(lease.expires_s))
+            raise RunDrivenElsewhere(run_id=row.run_id, pid=lease.pid, host=lease.host, until=until)
         token = self.store.take_lease(row.run_id, row.lease_token, self.lease())
         if token is None:
             raise RunTakenOver(run_id=row.run_id)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -36,11 +35,14 @@ class RunDrivenHere(RunLeased, refines=True):
 
 
 class RunDrivenElsewhere(RunLeased, refines=True):
-    """A live process holds the run's lease; it is taken over if that process dies."""
+    """A live process holds the run's lease; it is taken over if that process dies.
 
-    def __init__(self, *, run_id: str, pid: int, host: str, expires_s: float) -> None:
-        self.run_id, self.pid, self.host, self.expires_s = run_id, pid, host, expires_s
-        until = time.strftime("%H:%M:%S", time.localtime(expires_s))
+    ``until`` is the lease's expiry as the local time of day: the raise site formats it, as the
+    exception tree reads no clock and no time zone.
+    """
+
+    def __init__(self, *, run_id: str, pid: int, host: str, until: str) -> None:
+        self.run_id, self.pid, self.host, self.until = run_id, pid, host, until
         super().__init__(
             f"run {run_id} is being driven by process {pid} on {host} (lease until {until}); "
             f"it will be taken over if that process dies"
