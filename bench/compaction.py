@@ -51,7 +51,6 @@ import hashlib
 import json
 import os
 import platform
-import re
 import shutil
 import sqlite3
 import statistics
@@ -499,7 +498,7 @@ def lease_cycle_cost(db: Path, scratch: Path) -> dict[str, dict[str, float]]:
         for name, values in lease_cycle(token).items():
             sql = Q[name]
             wal_before = wal.stat().st_size if wal.exists() else 0
-            ns, cursor = timed(partial(conn.execute, sql, bind(sql, values)))
+            ns, cursor = timed(partial(conn.execute, sql, values))
             if cursor.rowcount != 1:
                 raise AssertionError(f"{name} changed {cursor.rowcount} rows")
             wal_after = wal.stat().st_size if wal.exists() else 0
@@ -533,13 +532,6 @@ def lease_cycle(token: int) -> dict[str, dict[str, Any]]:
         },
         "release_lease": {"run_id": RUN_ID, "lease_token": token + 1},
     }
-
-
-def bind(sql: str, values: dict[str, Any]) -> dict[str, Any] | tuple[Any, ...]:
-    """``values`` as ``sql`` takes them. The store's statements are moving from ``?`` to named
-    parameters: a statement that names its parameters takes the dict; one still on ``?`` takes
-    the values in the dict's order, which ``lease_cycle`` writes in the statement's."""
-    return values if re.search(r"[:@$][A-Za-z_]", sql) else tuple(values.values())
 
 
 def measure_resume(rep_dir: Path, plan: Plan, expected: Any, left: int) -> dict[str, Any]:

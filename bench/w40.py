@@ -576,6 +576,13 @@ class _CountingConnection:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # The store sets attributes such as ``row_factory``: they belong to the real connection.
+        if name in ("_real", "_issued"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._real, name, value)
+
 
 @contextmanager
 def counting_statements(issued: Counter[str]) -> Iterator[None]:

@@ -33,10 +33,7 @@ def encode(value: Any, *, what: str = "value") -> str:
         text.encode()  # a lone surrogate has no UTF-8 form and could not be stored
         return text
     except (TypeError, ValueError, RecursionError) as exc:
-        raise EncodingError(
-            f"{what} cannot be recorded: it is not plain JSON data "
-            f"(dict with str keys, list, str, int, float, bool, None): {exc}"
-        ) from None
+        raise EncodingError(what=what, reason=str(exc)) from None
 
 
 def _check_keys(value: Any) -> None:

@@ -18,7 +18,13 @@ from typing import Any, Protocol
 
 from durabl import codec, crashpoints, events, replay
 from durabl.context import Context
-from durabl.errors import DurablError, EncodingError, NonDeterminismError, StepFailed
+from durabl.errors import (
+    DurablError,
+    EncodingError,
+    NonDeterminismError,
+    StepFailed,
+    not_a_step,
+)
 from durabl.flow import Hold, Park, Unwind
 from durabl.replay import History, StepRecord
 from durabl.states import Progress
@@ -129,11 +135,7 @@ class Drive:
                 self._check_hold()
                 send, throw = None, None
                 if not isinstance(yielded, Step) or isinstance(yielded, CtxValue):
-                    throw = TypeError(
-                        f"workflow {self.wf.name!r} yielded {yielded!r} "
-                        f"({type(yielded).__name__}), which is not a step: yield ModelCall, "
-                        f"ToolCall or Sleep"
-                    )
+                    throw = not_a_step(workflow=self.wf.name, yielded=yielded)
                     continue
                 self.progress.position += 1
                 try:

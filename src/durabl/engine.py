@@ -17,6 +17,7 @@ from typing import Any
 
 from durabl import codec, crashpoints, events, execute, leases
 from durabl import workflow as workflows
+from durabl.checks import check_text
 from durabl.drive import Decide, Drive, Executes
 from durabl.errors import RunConflictError
 from durabl.events import Event
@@ -97,8 +98,8 @@ class Engine:
         wf.bind(value)
         if run_id is None:
             run_id = uuid.uuid4().hex
-        elif not isinstance(run_id, str) or not run_id:
-            raise TypeError(f"run_id must be a non-empty string, got {run_id!r}")
+        else:
+            check_text("run_id", run_id)
         now_s = self.clock()
         started = codec.encode({"workflow": wf.name, "input": value, **boundary})
         row = RunRow(
@@ -127,9 +128,11 @@ class Engine:
     def _start_again(self, existing: RunRow, wf: Workflow, input_text: str) -> RunState:
         if existing.workflow != wf.name or existing.input_text != input_text:
             raise RunConflictError(
-                f"run {existing.run_id!r} already exists with workflow {existing.workflow!r} and "
-                f"input {existing.input_text}; it cannot be started again as {wf.name!r} with "
-                f"input {input_text}"
+                run_id=existing.run_id,
+                workflow=wf.name,
+                input_text=input_text,
+                existing_workflow=existing.workflow,
+                existing_input_text=existing.input_text,
             )
         if existing.status == events.RUNNING:
             return self.resume(existing, wf)

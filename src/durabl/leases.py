@@ -22,7 +22,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from durabl.errors import RunLeased
+from durabl.checks import check_seconds
+from durabl.errors import RunDrivenElsewhere, RunDrivenHere, RunTakenOver
 from durabl.store.base import Lease, RunRow, Store
 
 LEASE_S = 15.0
@@ -103,7 +104,7 @@ def driving(run_id: str, owner: str) -> Iterator[None]:
     with _driving_lock:
         current = _driving.get(run_id)
         if current is not None:
-            raise RunLeased(f"run {run_id} is being driven by another runtime in this process")
+            raise RunDrivenHere(run_id=run_id)
         _driving[run_id] = owner
     try:
         yield
@@ -116,8 +117,7 @@ class Leaser:
     """Takes, renews and releases the leases of one runtime instance."""
 
     def __init__(self, store: Store, owner: str, lease_s: float = LEASE_S) -> None:
-        if not lease_s > 0:
-            raise ValueError(f"lease_s must be a positive number of seconds, got {lease_s!r}")
+        check_seconds("lease_s", lease_s)
         self.store = store
         self.owner = owner
         self.lease_s = lease_s
@@ -128,7 +128,13 @@ class Leaser:
 
     def lease(self) -> Lease:
         """A fresh lease for this runtime, expiring ``lease_s`` from now."""
-        return Lease(self.owner, os.getpid(), HOST, own_start(), time.time() + self.lease_s)
+        return Lease(
+            owner=self.owner,
+            pid=os.getpid(),
+            host=HOST,
+            started=own_start(),
+            expires_s=time.time() + self.lease_s,
+        )
 
     def acquire(self, row: RunRow) -> int:
         """The fencing token to drive ``row``'s run with; raises RunLeased if a live process
@@ -140,13 +146,10 @@ class Leaser:
             or owner_gone(row.run_id, lease)
         ):
             until = time.strftime("%H:%M:%S", time.localtime(lease.expires_s))
-            raise RunLeased(
-                f"run {row.run_id} is being driven by process {lease.pid} on {lease.host} "
-                f"(lease until {until}); it will be taken over if that process dies"
-            )
+            raise RunDrivenElsewhere(run_id=row.run_id, pid=lease.pid, host=lease.host, until=until)
         token = self.store.take_lease(row.run_id, row.lease_token, self.lease())
         if token is None:
-            raise RunLeased(f"run {row.run_id} was just taken over by another process")
+            raise RunTakenOver(run_id=row.run_id)
         self.hold(row.run_id, token)
         return token
 

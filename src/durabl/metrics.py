@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from durabl import events
-from durabl.errors import StorageError
+from durabl.errors import MissingSnapshotError
 from durabl.events import Event
 from durabl.replay import read_snapshot
 from durabl.store.base import Store
@@ -229,9 +229,8 @@ def of_run(store: Store, run_id: str) -> Metrics:
         if watermark:
             # The figures of the folded prefix are gone with it: refuse, as replay does,
             # rather than report the tail of the log as the whole run.
-            raise StorageError(
-                f"run {run_id} is compacted up to seq {watermark} but has no snapshot; "
-                f"its figures cannot be known"
+            raise MissingSnapshotError(
+                run_id=run_id, watermark=watermark, consequence="its figures cannot be known"
             )
         return MetricsFold.of(log).m
     return MetricsFold.of(log, read_snapshot(run_id, snapshot)["metrics"]).m

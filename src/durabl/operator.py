@@ -7,8 +7,17 @@ import logging
 from typing import Any
 
 from durabl import codec, events
+from durabl.checks import check_int
 from durabl.engine import Engine
-from durabl.errors import DurablError, InvalidStateError, RunLeased
+from durabl.errors import (
+    AlreadyTerminalError,
+    DeadLetterEventMissingError,
+    DurablError,
+    EffectAlreadyRecordedError,
+    NotDeadLetteredError,
+    RunLeased,
+    described,
+)
 from durabl.events import Event
 from durabl.metrics import MetricsFold
 from durabl.replay import History
@@ -60,10 +69,7 @@ def resolve(engine: Engine, run_id: str, result: Any) -> RunState:
         explicit_key = data.get("key")
         key = explicit_key or derived_key(run_id, event.step)
         if engine.store.side_effect(key) is not None:
-            raise InvalidStateError(
-                f"idempotency key {key!r} already has a recorded effect; redrive run "
-                f"{run_id} to pick it up instead of resolving it"
-            )
+            raise EffectAlreadyRecordedError(key=key, run_id=run_id)
         effect = SideEffect(
             key=key,
             run_id=run_id,
@@ -89,7 +95,7 @@ def cancel(engine: Engine, run_id: str, reason: str) -> RunState:
     """End a run that has not finished. Recorded in the log; the run never resumes."""
     with engine.owning(run_id) as (row, token):
         if row.status in events.TERMINAL_STATUSES:
-            raise InvalidStateError(f"run {run_id} is already {row.status}; nothing to cancel")
+            raise AlreadyTerminalError(run_id=run_id, status=row.status)
         engine.journal(row, token).append(
             [(events.RUN_CANCELLED, None, codec.encode({"reason": reason}))],
             status=events.CANCELLED,
@@ -104,13 +110,11 @@ def dead_lettered_event(engine: Engine, row: RunRow) -> Event:
     """The DEAD_LETTERED event the run is stopped on; InvalidStateError if it is not stopped
     on one."""
     if row.status != events.DEAD_LETTERED:
-        raise InvalidStateError(f"run {row.run_id} is {row.status}, not dead-lettered")
+        raise NotDeadLetteredError(run_id=row.run_id, status=row.status)
     for event in reversed(engine.store.load_log(row.run_id)):
         if event.kind == events.DEAD_LETTERED:
             return event
-    raise InvalidStateError(
-        f"run {row.run_id} is marked dead-lettered but its log has no DEAD_LETTERED event"
-    )
+    raise DeadLetterEventMissingError(run_id=row.run_id)
 
 
 # -- compaction ------------------------------------------------------------------------------
@@ -118,8 +122,7 @@ def dead_lettered_event(engine: Engine, row: RunRow) -> Event:
 
 def compact(engine: Engine, run_id: str | None, keep_last: int, reclaim: bool) -> Compaction:
     """Fold each run's resolved prefix into its snapshot; see ``Runtime.compact``."""
-    if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0:
-        raise ValueError(f"keep_last must be an int >= 0, got {keep_last!r}")
+    check_int("keep_last", keep_last, at_least=0)
     rows = [engine.row(run_id)] if run_id is not None else engine.store.list_runs()
     report = Compaction()
     if reclaim:  # the size before, measured the way the size after will be
@@ -136,7 +139,7 @@ def compact(engine: Engine, run_id: str | None, keep_last: int, reclaim: bool) -
             if run_id is not None:
                 raise
             logger.warning("run %s not compacted: %s", row.run_id, exc)
-            report.errors[row.run_id] = f"{type(exc).__name__}: {exc}"
+            report.errors[row.run_id] = described(exc)
             continue
         if folded is not None:
             report.runs.append(folded)

@@ -21,7 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from durabl import codec, events
-from durabl.errors import NonDeterminismError, StorageError
+from durabl.errors import (
+    CompactedLogGapError,
+    MissingSnapshotError,
+    NonDeterminismError,
+    UnknownEventKindError,
+    UnknownSnapshotFormatError,
+)
 from durabl.events import Event
 from durabl.steps import CtxValue, Step, describe_canonical
 
@@ -80,17 +86,12 @@ class History:
         if snapshot is not None:
             history = cls.from_snapshot(run_id, snapshot, watermark)
         elif watermark:
-            raise StorageError(
-                f"run {run_id} is compacted up to seq {watermark} but has no snapshot"
-            )
+            raise MissingSnapshotError(run_id=run_id, watermark=watermark)
         else:
             history = cls(run_id)
         for event in log:
             if history.last_seq == watermark and event.seq != watermark + 1:
-                raise StorageError(
-                    f"run {run_id}: its log resumes at seq {event.seq} after the compacted "
-                    f"prefix ending at seq {watermark}; the database is inconsistent"
-                )
+                raise CompactedLogGapError(run_id=run_id, seq=event.seq, watermark=watermark)
             history.apply(event)
         return history
 
@@ -166,10 +167,7 @@ class History:
     def apply(self, event: Event) -> None:
         handler = _HANDLERS.get(event.kind)
         if handler is None:
-            raise StorageError(
-                f"run {self.run_id} seq {event.seq} has event kind {event.kind!r}, which this "
-                f"durabl does not know; was the log written by a newer version?"
-            )
+            raise UnknownEventKindError(run_id=self.run_id, seq=event.seq, kind=event.kind)
         handler(self, event)
         self.last_seq = event.seq
 
@@ -304,10 +302,7 @@ def read_snapshot(run_id: str, text: str) -> dict[str, Any]:
     """A snapshot's contents; one in a format this durabl does not know is a StorageError."""
     data: dict[str, Any] = codec.decode(text)
     if data.get("format") != SNAPSHOT_FORMAT:
-        raise StorageError(
-            f"run {run_id} has a snapshot in format {data.get('format')!r}, which this "
-            f"durabl does not know; was it written by a newer version?"
-        )
+        raise UnknownSnapshotFormatError(run_id=run_id, snapshot_format=data.get("format"))
     return data
 
 

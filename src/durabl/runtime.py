@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from durabl import codec, events, leases, operator, replay
+from durabl.checks import check_type
 from durabl.engine import Engine
 from durabl.errors import DeadLetteredError, RunFailedError, RunNotFinishedError
 from durabl.execute import Services
@@ -61,8 +62,8 @@ class Runtime:
             )
         if clock is not None and not callable(clock):
             raise TypeError("clock must be a zero-argument callable returning epoch seconds")
-        if retry is not None and not isinstance(retry, RetryPolicy):
-            raise TypeError(f"retry must be a RetryPolicy, got {type(retry).__name__}")
+        if retry is not None:
+            check_type("retry", retry, RetryPolicy)
         registered_tools = build_registry(tools)
         registered_workflows = build_workflow_registry(workflows)
         user_clock = clock or time.time
@@ -186,10 +187,10 @@ class Runtime:
         if row.status == events.COMPLETED:
             return codec.decode_or_none(row.result_text)
         if row.status == events.FAILED:
-            raise RunFailedError(f"run {run_id} failed: {row.error}")
+            raise RunFailedError(run_id=run_id, error=row.error)
         if row.status == events.DEAD_LETTERED:
-            raise DeadLetteredError(f"run {run_id} is dead-lettered: {row.error}")
-        raise RunNotFinishedError(f"run {run_id} has no result: it is {row.status}")
+            raise DeadLetteredError(run_id=run_id, reason=row.error)
+        raise RunNotFinishedError(run_id=run_id, status=row.status)
 
     def metrics(self, run_id: str | None = None) -> Metrics:
         """What the run cost (or, with ``run_id`` None, the sums over every run), from the log

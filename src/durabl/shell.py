@@ -21,19 +21,13 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from durabl.errors import DurablError
+from durabl.errors import CommandFailed, CommandTimedOut
 from durabl.tools import Tool, ToolMode, tool
+
+__all__ = ["KEY_VARIABLE", "CommandFailed", "CommandTimedOut", "run_command", "shell_tool"]
 
 PR_SET_PDEATHSIG = 1
 KEY_VARIABLE = "DURABL_IDEMPOTENCY_KEY"
-
-
-class CommandFailed(DurablError):
-    """A command exited with a non-zero status."""
-
-
-class CommandTimedOut(DurablError):
-    """A command ran past its timeout; its whole process group was killed."""
 
 
 def _die_with(parent_pid: int) -> None:
@@ -79,17 +73,14 @@ def run_command(
     except subprocess.TimeoutExpired:
         _kill_group(proc.pid)
         proc.communicate()
-        raise CommandTimedOut(
-            f"command {command!r} ran past {timeout_s} s and was killed"
-        ) from None
+        raise CommandTimedOut(command=command, timeout_s=timeout_s) from None
     except BaseException:
         _kill_group(proc.pid)
         raise
     finally:
         _stand_down(guard)
     if check and proc.returncode != 0:
-        tail = stderr.strip().splitlines()[-1:] or ["(no output on stderr)"]
-        raise CommandFailed(f"command {command!r} exited with {proc.returncode}: {tail[0]}")
+        raise CommandFailed(command=command, returncode=proc.returncode, stderr=stderr)
     return {"returncode": proc.returncode, "stdout": stdout, "stderr": stderr}
 
 

@@ -12,6 +12,7 @@ import math
 from typing import Any, ClassVar
 
 from durabl import codec
+from durabl.checks import check_text
 
 DERIVED_KEY_PREFIX = "durabl:"
 """Derived idempotency keys start with this; explicit keys may not, so the two never collide."""
@@ -97,8 +98,7 @@ class ToolCall(Step):
         *,
         idempotency_key: str | None = None,
     ) -> None:
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"ToolCall name must be a non-empty string, got {name!r}")
+        check_text("ToolCall name", name)
         if args is None:
             args = {}
         if not isinstance(args, dict):
@@ -106,13 +106,8 @@ class ToolCall(Step):
                 f"ToolCall({name!r}) args must be a dict of keyword arguments, "
                 f"got {type(args).__name__}"
             )
-        if idempotency_key is not None and (
-            not isinstance(idempotency_key, str) or not idempotency_key
-        ):
-            raise TypeError(
-                f"ToolCall({name!r}) idempotency_key must be a non-empty string, "
-                f"got {idempotency_key!r}"
-            )
+        if idempotency_key is not None:
+            check_text(f"ToolCall({name!r}) idempotency_key", idempotency_key)
         if idempotency_key is not None and idempotency_key.startswith(DERIVED_KEY_PREFIX):
             raise ValueError(
                 f"ToolCall({name!r}) idempotency_key {idempotency_key!r} starts with "

@@ -9,6 +9,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from durabl.checks import check_int, check_type
+
 
 class ToolMode(enum.StrEnum):
     """What durabl may do after a crash inside a tool's ambiguous window."""
@@ -115,12 +117,10 @@ def tool(
 ) -> Any:
     """Wrap ``fn`` as a tool; usable as ``tool(fn, mode=...)`` or as a decorator ``@tool(...)``."""
     parsed = ToolMode.parse(mode)
-    if max_attempts is not None and (
-        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
-    ):
-        raise ValueError(f"tool max_attempts must be an int >= 1, got {max_attempts!r}")
-    if retry is not None and not isinstance(retry, RetryPolicy):
-        raise TypeError(f"tool retry must be a RetryPolicy, got {type(retry).__name__}")
+    if max_attempts is not None:
+        check_int("tool max_attempts", max_attempts, at_least=1)
+    if retry is not None:
+        check_type("tool retry", retry, RetryPolicy)
 
     def wrap(target: Callable[..., Any]) -> Tool:
         if not callable(target):

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from durabl import events
-from durabl.errors import RunLeased
+from durabl.checks import check_int, check_seconds
+from durabl.errors import RunLeased, described
 
 logger = logging.getLogger("durabl.worker")
 
@@ -66,10 +67,8 @@ class Worker:
     """Drives the runs of one runtime's database with up to ``concurrency`` threads."""
 
     def __init__(self, runs: Drives, *, concurrency: int = 1, poll_s: float = POLL_S) -> None:
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise ValueError(f"concurrency must be an int >= 1, got {concurrency!r}")
-        if not poll_s > 0:
-            raise ValueError(f"poll_s must be a positive number of seconds, got {poll_s!r}")
+        check_int("concurrency", concurrency, at_least=1)
+        check_seconds("poll_s", poll_s)
         self.runs = runs
         self.concurrency = concurrency
         self.poll_s = poll_s
@@ -173,7 +172,7 @@ class Worker:
             return
         except Exception as exc:  # one broken run never stops the others
             logger.warning("run %s: %s", run_id, exc)
-            self.stats.errors.append(f"{run_id}: {type(exc).__name__}: {exc}")
+            self.stats.errors.append(f"{run_id}: {described(exc)}")
             self._note_failure(run_id, submitted_s)
             return
         if status is None:

@@ -46,10 +46,6 @@ class Workflow:
     def __repr__(self) -> str:
         return f"<workflow {self.name}>"
 
-    @property
-    def takes_input_keys(self) -> bool:
-        return bool(self._params)
-
     def bind(self, run_input: Any) -> dict[str, Any]:
         """Keyword arguments for the parameters after ctx, taken from the input dict by name.
 
@@ -115,12 +111,7 @@ def resolve(target: Any, registry: dict[str, Workflow]) -> Workflow:
     if isinstance(target, str):
         found = registry.get(target) or _REGISTRY.get(target)
         if found is None:
-            known = sorted(set(registry) | set(_REGISTRY))
-            raise UnknownWorkflowError(
-                f"no workflow named {target!r} is registered "
-                f"(known: {', '.join(known) if known else 'none'}); decorate it with @workflow "
-                f"and import its module, or pass workflows=[...] to Runtime"
-            )
+            raise UnknownWorkflowError(name=target, known=set(registry) | set(_REGISTRY))
         return found
     if callable(target):
         return Workflow(target, target.__name__)

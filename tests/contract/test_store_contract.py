@@ -122,7 +122,16 @@ def run_row(
     status: str = events.RUNNING,
 ) -> RunRow:
     return RunRow(
-        run_id, workflow, '{"topic":"otters"}', status, None, None, created_s, created_s, None, 0
+        run_id=run_id,
+        workflow=workflow,
+        input_text='{"topic":"otters"}',
+        status=status,
+        result_text=None,
+        error=None,
+        created_s=created_s,
+        updated_s=created_s,
+        wake_at_s=None,
+        watermark=0,
     )
 
 
@@ -142,11 +151,20 @@ def event(
 def effect(
     key: str, run_id: str = "run-1", step: int = 1, result: str | None = '"ok"'
 ) -> SideEffect:
-    return SideEffect(key, run_id, step, "send_email", "ab" * 10, result, None, T0_S + 50)
+    return SideEffect(
+        key=key,
+        run_id=run_id,
+        step=step,
+        tool="send_email",
+        args_fp="ab" * 10,
+        result_text=result,
+        error=None,
+        at_s=T0_S + 50,
+    )
 
 
 def claim(key: str, run_id: str = "run-1", step: int = 1) -> KeyClaim:
-    return KeyClaim(key, run_id, step, "send_email", "ab" * 10)
+    return KeyClaim(key=key, run_id=run_id, step=step, tool="send_email", args_fp="ab" * 10)
 
 
 SNAPSHOT = '{"format":1,"steps":[[1,"0f0f",2,3]]}'
@@ -154,7 +172,9 @@ SNAPSHOT = '{"format":1,"steps":[[1,"0f0f",2,3]]}'
 
 
 def lease(owner: str) -> Lease:
-    return Lease(owner, os.getpid(), "this-host", None, T0_S + 3600)
+    return Lease(
+        owner=owner, pid=os.getpid(), host="this-host", started=None, expires_s=T0_S + 3600
+    )
 
 
 def row_of(store: Store, run_id: str) -> RunRow:

@@ -845,7 +845,13 @@ def test_a_run_leased_by_another_live_process_is_not_compacted(
     row = plain.rt.store.get_run(RUN)
     assert row is not None
     parent = os.getppid()
-    lease = Lease("another-process", parent, leases.HOST, leases.process_started(parent), 4e9)
+    lease = Lease(
+        owner="another-process",
+        pid=parent,
+        host=leases.HOST,
+        started=leases.process_started(parent),
+        expires_s=4e9,
+    )
     assert plain.rt.store.take_lease(RUN, row.lease_token, lease) is not None
     before = (event_rows(plain.db), run_row(plain.db, RUN))
     with pytest.raises(RunLeased):

@@ -150,16 +150,16 @@ def install(history: dict[str, Any], db: Path) -> SQLiteStore:
     store = SQLiteStore(db)
     first = log[0]
     row = RunRow(
-        history["run_id"],
-        history["workflow"],
-        codec.encode(history["input"]),
-        "RUNNING",
-        None,
-        None,
-        first.at_s,
-        first.at_s,
-        None,
-        0,
+        run_id=history["run_id"],
+        workflow=history["workflow"],
+        input_text=codec.encode(history["input"]),
+        status="RUNNING",
+        result_text=None,
+        error=None,
+        created_s=first.at_s,
+        updated_s=first.at_s,
+        wake_at_s=None,
+        watermark=0,
     )
     assert store.create_run(row, first) is None
     store.commit(

@@ -318,7 +318,16 @@ def test_the_side_effects_table_refuses_a_second_record_for_a_key(
     store = SQLiteStore(db)
     try:
         forged = Event(len(before_log) + 1, "STEP_COMPLETED", 3, None, '{"charged":0}', 1.0)
-        second = SideEffect(key, RUN, 3, "charge", "x", '{"charged":0}', None, 1.0)
+        second = SideEffect(
+            key=key,
+            run_id=RUN,
+            step=3,
+            tool="charge",
+            args_fp="x",
+            result_text='{"charged":0}',
+            error=None,
+            at_s=1.0,
+        )
         with pytest.raises(StorageError, match="refusing to record a second side effect"):
             store.commit(Commit(RUN, [forged], side_effect=second, durable=True))
     finally:

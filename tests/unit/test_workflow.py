@@ -129,13 +129,13 @@ class TestBind:
         assert stop.value.value == {"depth": 2, "lang": "en"}
 
     def test_a_workflow_with_only_ctx_takes_any_input(self) -> None:
-        assert unit_original_name.takes_input_keys is False
+        assert unit_original_name.bind({"topic": "otters", "email": "a@b.invalid"}) == {}
         assert unit_original_name.bind({"anything": 1}) == {}
         assert unit_original_name.bind("a plain string") == {}
         assert unit_original_name.bind(None) == {}
 
     def test_input_for_parameters_must_be_a_dict(self) -> None:
-        assert unit_research.takes_input_keys is True
+        assert unit_research.bind({"topic": "otters", "other": 1}) == {"topic": "otters"}
         with pytest.raises(TypeError) as caught:
             unit_research.bind(["otters"])
         assert "'unit_research'" in str(caught.value)

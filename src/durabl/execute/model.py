@@ -17,12 +17,7 @@ def execute(call: StepCall) -> Any:
     assert isinstance(step, ModelCall)
     llm = call.services.llm
     if llm is None:
-        raise Hold(
-            NoModelError(
-                f"run {call.run_id} step {call.position} is {step.describe()} but the runtime "
-                f"has no llm; pass Runtime(llm=...) and resume the run"
-            )
-        )
+        raise Hold(NoModelError(run_id=call.run_id, position=call.position, step=step.describe()))
     spec = AttemptSpec(
         name="ModelCall",
         call=lambda: llm(step.prompt, **step.params),

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from durabl import codec, crashpoints, events, replay
-from durabl.errors import IdempotencyKeyConflict, ToolFailed, UnknownToolError
+from durabl.errors import AmbiguousEffect, IdempotencyKeyConflict, ToolFailed, UnknownToolError
 from durabl.execute.attempts import AttemptSpec, Dispatch, attempt
 from durabl.execute.base import StepCall
 from durabl.flow import Hold, Park
@@ -69,11 +69,9 @@ def _registered(call: StepCall, step: ToolCall) -> Tool:
     tools = call.services.tools
     tool = tools.get(step.name)
     if tool is None:
-        known = ", ".join(sorted(tools)) or "none"
         raise Hold(
             UnknownToolError(
-                f"run {call.run_id} step {call.position} calls tool {step.name!r}, which is not "
-                f"registered (registered: {known}); register it and resume the run"
+                run_id=call.run_id, position=call.position, tool=step.name, registered=tools
             )
         )
     return tool
@@ -112,9 +110,12 @@ def _fail_on_key_conflict(
     if tool == step.name and args_fp == step.fingerprint:
         return
     conflict = IdempotencyKeyConflict(
-        f"idempotency key {key!r} was first used by run {other_run} for tool {tool!r} with "
-        f"other arguments; run {call.run_id} step {call.position} reuses it for "
-        f"{step.describe()}. One key names one effect: derive keys from what they protect."
+        key=key,
+        first_run_id=other_run,
+        first_tool=tool,
+        run_id=call.run_id,
+        position=call.position,
+        step=step.describe(),
     )
     err = ToolFailed(step.name, "IdempotencyKeyConflict", str(conflict))
     journal = call.journal
@@ -128,10 +129,7 @@ def _fail_on_key_conflict(
 
 def _dead_letter(call: StepCall, step: ToolCall, key: str | None) -> None:
     """Stop the run on an AT_MOST_ONCE step that may or may not have run."""
-    reason = (
-        f"{step.describe()} is AT_MOST_ONCE and a process died after it was dispatched and "
-        f"before its outcome was recorded: it ran zero or one times and durabl will not guess"
-    )
+    reason = str(AmbiguousEffect(step=step.describe()))
     data = {
         "reason": reason,
         "step": step.describe(),

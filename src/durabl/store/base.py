@@ -6,7 +6,7 @@ The runtime never issues SQL. Each method's docstring states what it does atomic
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Protocol
 
 from durabl.events import Event
@@ -15,7 +15,7 @@ UNCHANGED: float = float("-inf")
 """Sentinel for ``Commit.wake_at_s``: leave the run's timer as it is."""
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, frozen=True, kw_only=True)
 class Lease:
     """Who drives a run: a runtime instance in one process, until ``expires_s`` (wall clock).
 
@@ -31,7 +31,7 @@ class Lease:
     token: int = 0
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, frozen=True, kw_only=True)
 class RunRow:
     """One run's row: its identity and the state the runtime keeps beside the log."""
 
@@ -49,7 +49,7 @@ class RunRow:
     lease_token: int = 0
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, frozen=True, kw_only=True)
 class SideEffect:
     """The one record an idempotency key may ever have: the effect happened, with this outcome."""
 
@@ -63,7 +63,7 @@ class SideEffect:
     at_s: float
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, frozen=True, kw_only=True)
 class KeyClaim:
     """An explicit idempotency key whose tool call was dispatched and has no outcome yet."""
 
@@ -80,6 +80,7 @@ class Commit:
 
     run_id: str
     events: list[Event] = field(default_factory=list)
+    _: KW_ONLY
     status: str | None = None
     result_text: str | None = None
     error: str | None = None

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from durabl import codec, events
-from durabl.errors import StorageError
+from durabl.errors import MissingSnapshotError, StorageError
 from durabl.store.sqlite import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION, Q, SQLiteStore
 from durabl.text import counted
 
@@ -68,13 +68,9 @@ def examine(path: str, progress: Progress | None = None) -> list[Finding]:
     except StorageError as exc:
         return [Finding("open", False, str(exc))]
     try:
-        with store._read() as conn:
-            conn.execute("BEGIN")  # one read snapshot for every check
-            try:
-                opened = Finding("open", True, f"{path} opened read-only")
-                return [opened, *_checks(conn, progress)]
-            finally:
-                conn.execute("COMMIT")
+        with store.reading() as conn:  # one read snapshot for every check
+            opened = Finding("open", True, f"{path} opened read-only")
+            return [opened, *_checks(conn, progress)]
     finally:
         store.close()
 
@@ -89,7 +85,7 @@ def _checks(conn: sqlite3.Connection, progress: Progress | None) -> Iterator[Fin
         if version < SCHEMA_VERSION:
             return
         check = "checksums"
-        runs = {row[0]: _Run(*row) for row in conn.execute(Q["doctor_runs"])}
+        runs = {row["run_id"]: _Run(**row) for row in conn.execute(Q["doctor_runs"])}
         logs, damaged = _scan(conn, progress)
         damaged += [p for run in runs.values() if (p := _snapshot_damage(run))]
         scanned = counted(sum(log.count for log in logs.values()), "event")
@@ -152,10 +148,10 @@ def _scan(conn: sqlite3.Connection, progress: Progress | None) -> tuple[dict[str
     total = conn.execute(Q["doctor_count_events"]).fetchone()[0]
     logs: dict[str, _Log] = {}
     damaged = []
-    for done, (run_id, seq, kind, step, fp, data, at_s, crc) in enumerate(
-        conn.execute(Q["doctor_events"]), 1
-    ):
-        if codec.checksum(seq, kind, step, fp, data, at_s) != crc:
+    for done, row in enumerate(conn.execute(Q["doctor_events"]), 1):
+        run_id, seq, kind = row["run_id"], row["seq"], row["kind"]
+        crc = codec.checksum(seq, kind, row["step"], row["fp"], row["data"], row["at_s"])
+        if crc != row["crc"]:
             damaged.append(f"run {run_id} seq {seq}: the event ({kind}) fails its checksum")
         log = logs.setdefault(run_id, _Log())
         if log.last is not None and seq != log.last[0] + 1:
@@ -182,7 +178,7 @@ def _snapshot_damage(run: _Run) -> str | None:
 def _log_problems(run: _Run, log: _Log | None) -> Iterator[str]:
     name, mark = f"run {run.run_id}", run.watermark
     if mark > 0 and run.snapshot is None:
-        yield f"{name} is compacted up to seq {mark} but has no snapshot"
+        yield str(MissingSnapshotError(run_id=run.run_id, watermark=mark))
     if mark == 0 and run.snapshot is not None:
         yield f"{name} has a snapshot but its watermark is 0"
     if log is None:

@@ -14,5 +14,5 @@ def require_run(store: Store, run_id: str) -> RunRow:
     """The run's row; ``RunNotFoundError`` naming the run and the database when there is none."""
     row = store.get_run(run_id)
     if row is None:
-        raise RunNotFoundError(f"no run {run_id!r} in {store.path}")
+        raise RunNotFoundError(run_id=run_id, path=store.path)
     return row

@@ -5,74 +5,83 @@ the commit is in the WAL, which the OS holds) except commits marked ``durable`` 
 ``durability="full"``, which run with ``synchronous=FULL`` and so fsync the WAL before returning.
 Because the WAL is one append-only file, that fsync also makes every earlier commit durable, so
 the runtime pays one fsync per completed step and nothing for the bookkeeping before it.
+
+The SQL is in ``schema`` (named statements, migrations), how a file is judged and opened in
+``connection`` and ``files``, and what SQLite's errors mean in ``sqlite_errors``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
-import re
 import sqlite3
 import threading
 from collections.abc import Iterator
-from importlib import resources
 from typing import Any
-from urllib.request import pathname2url
 
 from durabl import codec
-from durabl.errors import DurablError, LeaseLost, SchemaVersionError, StorageError
+from durabl.errors import (
+    EventChecksumError,
+    LeaseLost,
+    NoRunToCompactError,
+    SideEffectExistsError,
+    SnapshotChecksumError,
+    StoreClosedError,
+)
 from durabl.events import Event
 from durabl.store.base import UNCHANGED, Commit, KeyClaim, Lease, RunRow, SideEffect
+from durabl.store.connection import open_database
+from durabl.store.files import file_bytes
+from durabl.store.schema import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION, Q
+from durabl.store.sqlite_errors import duplicate_key, storage_error
 
-APPLICATION_ID = 0x64726231  # "drb1": marks a file as a durabl database
-SQLITE_MAGIC = b"SQLite format 3\x00"
-BUSY_TIMEOUT_MS = 30_000
+__all__ = ["APPLICATION_ID", "MIGRATIONS", "SCHEMA_VERSION", "Q", "SQLiteStore"]
+
 DURABILITY_MODES = ("full", "process")
 
+Statement = tuple[str, dict[str, Any]]
+"""A statement to run: its name in ``Q`` and its named parameters."""
 
-def _load_queries() -> dict[str, str]:
-    text = resources.files("durabl.store").joinpath("sql/sqlite_queries.sql").read_text()
-    queries: dict[str, str] = {}
-    for block in re.split(r"^-- name: ", text, flags=re.M)[1:]:
-        name, _, body = block.partition("\n")
-        queries[name.strip()] = body.strip()
-    return queries
+_COLUMN_OF = {
+    "key": "idempotency_key",
+    "input_text": "input",
+    "result_text": "result",
+    "owner": "lease_owner",
+    "pid": "lease_pid",
+    "host": "lease_host",
+    "started": "lease_started",
+    "expires_s": "lease_expires_s",
+}
+"""The column that stores a record's field, where the two names differ."""
 
-
-def _load_migrations() -> list[tuple[int, str]]:
-    folder = resources.files("durabl.store").joinpath("sql")
-    found = []
-    for entry in folder.iterdir():
-        match = re.fullmatch(r"sqlite_(\d{4})_\w+\.sql", entry.name)
-        if match:
-            found.append((int(match.group(1)), entry.read_text()))
-    return sorted(found)
-
-
-Q = _load_queries()
-MIGRATIONS = _load_migrations()
-SCHEMA_VERSION = MIGRATIONS[-1][0]
+_LEASE_FIELDS = ("owner", "pid", "host", "started", "expires_s")
+_NO_LEASE = {_COLUMN_OF[name]: None for name in _LEASE_FIELDS}
 
 
-def _run_row(row: tuple[Any, ...]) -> RunRow:
-    run_id, workflow, input_text, status, result, error, created_s, updated_s, wake, mark = row[:10]
-    owner, pid, host, started, expires_s, token = row[10:16]
-    lease = None if owner is None else Lease(owner, pid, host, started, expires_s, token)
-    return RunRow(
-        run_id,
-        workflow,
-        input_text,
-        status,
-        result,
-        error,
-        created_s,
-        updated_s,
-        wake,
-        mark,
-        lease=lease,
-        lease_token=token,
-    )
+def _params(record: Any, **extra: Any) -> dict[str, Any]:
+    """A record's fields as named parameters (named after their columns), and ``extra``.
+    Shallow, where ``dataclasses.asdict`` would copy every value on the hot path. Keys a
+    statement does not name are ignored."""
+    fields = dataclasses.fields(record)
+    return {_COLUMN_OF.get(f.name, f.name): getattr(record, f.name) for f in fields} | extra
+
+
+def _run_row(row: sqlite3.Row) -> RunRow:
+    """A runs row, selected with its columns named after the fields of RunRow and Lease."""
+    fields = dict(row)
+    lease = {name: fields.pop(name) for name in _LEASE_FIELDS}
+    held = None if lease["owner"] is None else Lease(**lease, token=fields["lease_token"])
+    return RunRow(**fields, lease=held)
+
+
+def _crc(e: Event) -> int:
+    return codec.checksum(e.seq, e.kind, e.step, e.fp, e.data, e.at_s)
+
+
+def _event_insert(run_id: str, e: Event, fence: int | None) -> Statement:
+    return "insert_event", {"run_id": run_id, **e._asdict(), "crc": _crc(e), "fence": fence}
 
 
 class SQLiteStore:
@@ -96,83 +105,9 @@ class SQLiteStore:
         self._lock = threading.RLock()
         self._sync_full = False
         self._closed = False
-        _check_file(self.path, read_only=read_only)
-        self._conn = self._connect()
+        self._conn = open_database(self.path, read_only=read_only)
 
-    # -- opening ---------------------------------------------------------------------------
-
-    def _connect(self) -> sqlite3.Connection:
-        if not self.read_only and os.path.exists(self.path) and os.path.getsize(self.path) > 0:
-            # Judge an existing file through a read-only connection first: closing it never
-            # checkpoints or removes a -wal, so a refused file is left exactly as it was.
-            self._open(read_only=True).close()
-        return self._open(read_only=self.read_only)
-
-    def _open(self, *, read_only: bool) -> sqlite3.Connection:
-        try:
-            if read_only:
-                uri = f"file:{pathname2url(os.path.abspath(self.path))}?mode=ro"
-                conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
-                conn.execute("PRAGMA query_only = ON")
-            else:
-                conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        except sqlite3.Error as exc:
-            raise _storage_error(self.path, exc) from None
-        try:
-            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            self._check_identity(conn, read_only)
-            if not read_only:
-                if conn.execute(Q["count_tables"]).fetchone()[0] == 0:
-                    # A new file: let compaction hand freed pages back to the file system.
-                    # Only possible before the first table, and before the switch to WAL.
-                    conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
-                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-                if mode.lower() != "wal":
-                    raise StorageError(f"{self.path}: cannot switch the database to WAL mode")
-                conn.execute("PRAGMA synchronous = NORMAL")
-                self._migrate(conn)
-            return conn
-        except BaseException as exc:
-            conn.close()
-            if isinstance(exc, sqlite3.Error):
-                raise _storage_error(self.path, exc) from None
-            raise
-
-    def _check_identity(self, conn: sqlite3.Connection, read_only: bool) -> None:
-        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        tables = conn.execute(Q["count_tables"]).fetchone()[0]
-        if app_id != APPLICATION_ID and (tables or version):
-            raise StorageError(
-                f"{self.path} is a SQLite database but not a durabl database; refusing to touch it"
-            )
-        if version > SCHEMA_VERSION:
-            raise SchemaVersionError(
-                f"{self.path} has durabl schema v{version}, written by a newer durabl; this "
-                f"version understands up to v{SCHEMA_VERSION}. Upgrade durabl to open it."
-            )
-        if read_only and self.read_only and app_id != APPLICATION_ID:
-            raise StorageError(f"{self.path} is not an initialised durabl database")
-
-    def _migrate(self, conn: sqlite3.Connection) -> None:
-        """Bring the schema up to date. A current database is not written to at all."""
-        if _schema_of(conn) == (APPLICATION_ID, SCHEMA_VERSION):
-            return
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-            for number, script in MIGRATIONS:
-                if number > version:
-                    for statement in _split_script(script):
-                        conn.execute(statement)
-                    conn.execute(f"PRAGMA user_version = {number}")
-            conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-
-    # -- the write helper ------------------------------------------------------------------
+    # -- transactions ----------------------------------------------------------------------
 
     @contextlib.contextmanager
     def _write(self, durable: bool) -> Iterator[sqlite3.Connection]:
@@ -183,7 +118,7 @@ class SQLiteStore:
                 self._set_sync(conn, durable)
                 conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
-                raise _storage_error(self.path, exc) from None
+                raise storage_error(self.path, exc) from None
             try:
                 yield conn
                 conn.execute("COMMIT")
@@ -191,7 +126,7 @@ class SQLiteStore:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 if isinstance(exc, sqlite3.Error):
-                    raise _storage_error(self.path, exc) from None
+                    raise storage_error(self.path, exc) from None
                 raise
 
     def _set_sync(self, conn: sqlite3.Connection, durable: bool) -> None:
@@ -210,35 +145,41 @@ class SQLiteStore:
             try:
                 yield conn
             except sqlite3.Error as exc:
-                raise _storage_error(self.path, exc) from None
+                raise storage_error(self.path, exc) from None
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[sqlite3.Connection]:
+        """One read transaction: every read made through the connection sees one state of the
+        file, whatever other processes commit meanwhile. For this store and its own tools
+        (``doctor``); rows come back as ``sqlite3.Row``."""
+        with self._read() as conn:
+            conn.execute("BEGIN")
+            try:
+                yield conn
+            finally:
+                conn.execute("COMMIT")
 
     def _live(self) -> sqlite3.Connection:
         if self._closed:
-            raise StorageError(f"{self.path}: the store is closed")
+            raise StoreClosedError(path=self.path)
         return self._conn
 
     # -- the Store interface ---------------------------------------------------------------
 
     def create_run(self, row: RunRow, first: Event) -> RunRow | None:
         with self._write(durable=True) as conn:
-            existing = conn.execute(Q["get_run"], (row.run_id,)).fetchone()
+            existing = conn.execute(Q["get_run"], {"run_id": row.run_id}).fetchone()
             if existing is not None:
                 return _run_row(existing)
-            lease = row.lease
-            held = (
-                (None,) * 5
-                if lease is None
-                else (lease.owner, lease.pid, lease.host, lease.started, lease.expires_s)
-            )
-            token = 0 if lease is None else 1
-            run = (row.run_id, row.workflow, row.input_text, row.status, row.created_s)
-            conn.execute(Q["insert_run"], (*run, row.updated_s, *held, token))
-            conn.execute(*_event_insert(row.run_id, first, None if lease is None else token))
+            token = None if row.lease is None else 1
+            lease = _NO_LEASE if row.lease is None else _params(row.lease)
+            self._execute(conn, ("insert_run", _params(row, **lease, lease_token=token or 0)))
+            self._execute(conn, _event_insert(row.run_id, first, token))
         return None
 
     def get_run(self, run_id: str) -> RunRow | None:
         with self._read() as conn:
-            found = conn.execute(Q["get_run"], (run_id,)).fetchone()
+            found = conn.execute(Q["get_run"], {"run_id": run_id}).fetchone()
         return None if found is None else _run_row(found)
 
     def list_runs(
@@ -247,42 +188,44 @@ class SQLiteStore:
         workflow: str | None = None,
         limit: int | None = None,
     ) -> list[RunRow]:
-        wanted = None if statuses is None else json.dumps(list(statuses))
+        wanted = {
+            "statuses": None if statuses is None else json.dumps(list(statuses)),
+            "workflow": workflow,
+            "limit": -1 if limit is None else limit,
+        }
         with self._read() as conn:
-            rows = conn.execute(Q["list_runs"], (wanted, workflow, -1 if limit is None else limit))
-            return [_run_row(r) for r in rows.fetchall()]
+            return [_run_row(r) for r in conn.execute(Q["list_runs"], wanted).fetchall()]
 
     def load_log(self, run_id: str, after_seq: int = 0) -> list[Event]:
         with self._read() as conn:
-            rows = conn.execute(Q["load_log"], (run_id, after_seq)).fetchall()
-        return self._verified(run_id, rows)
+            rows = conn.execute(Q["load_log"], {"run_id": run_id, "after_seq": after_seq})
+            found = rows.fetchall()
+        return self._verified(run_id, found)
 
-    def _verified(self, run_id: str, rows: list[tuple[Any, ...]]) -> list[Event]:
+    def _verified(self, run_id: str, rows: list[sqlite3.Row]) -> list[Event]:
         log = []
-        for seq, kind, step, fp, data, at_s, crc in rows:
-            if codec.checksum(seq, kind, step, fp, data, at_s) != crc:
-                raise StorageError(
-                    f"{self.path}: event seq {seq} of run {run_id} fails its checksum; the log is "
-                    f"damaged and will not be replayed. Restore the database from a "
-                    f"backup."
-                )
-            log.append(Event(seq, kind, step, fp, data, at_s))
+        for row in rows:
+            event = Event(**{name: row[name] for name in Event._fields})
+            if _crc(event) != row["crc"]:
+                raise EventChecksumError(path=self.path, run_id=run_id, seq=event.seq)
+            log.append(event)
         return log
 
     def commit(self, commit: Commit) -> None:
-        statements: list[tuple[str, tuple[Any, ...]]] = [
-            _event_insert(commit.run_id, event, commit.fence) for event in commit.events
-        ]
+        changed = self._apply(self._statements(commit), commit.durable)
+        if commit.fence is not None and not commit.events and changed == 0:
+            raise LeaseLost(run_id=commit.run_id, token=commit.fence)
+
+    def _statements(self, commit: Commit) -> list[Statement]:
+        """What ``commit`` writes, in order; the run row's update comes last, so that its
+        changed-row count tells whether the fence held."""
+        statements = [_event_insert(commit.run_id, event, commit.fence) for event in commit.events]
         if commit.side_effect is not None:
-            e = commit.side_effect
-            row = (e.key, e.run_id, e.step, e.tool, e.args_fp, e.result_text, e.error, e.at_s)
-            statements.append((Q["insert_side_effect"], row))
+            statements.append(("insert_side_effect", _params(commit.side_effect)))
         if commit.claim is not None:
-            c = commit.claim
-            claim = (c.key, c.run_id, c.step, c.tool, c.args_fp, commit.at_s)
-            statements.append((Q["upsert_claim"], claim))
+            statements.append(("upsert_claim", _params(commit.claim, at_s=commit.at_s)))
         if commit.release_claim is not None:
-            statements.append((Q["delete_claim"], (commit.release_claim,)))
+            statements.append(("delete_claim", {"idempotency_key": commit.release_claim}))
         set_wake = commit.wake_at_s != UNCHANGED
         if (
             commit.status is not None
@@ -292,36 +235,16 @@ class SQLiteStore:
             or set_wake
             or (commit.fence is not None and not commit.events)
         ):
-            update = (
-                commit.run_id,
-                commit.status,
-                commit.result_text,
-                commit.error,
-                commit.clear_error,
-                set_wake,
-                commit.wake_at_s if set_wake else None,
-                commit.at_s,
-                commit.fence,
+            update = _params(
+                commit,
+                set_wake=set_wake,
+                wake_at_s=commit.wake_at_s if set_wake else None,
+                updated_s=commit.at_s,
             )
-            statements.append((Q["update_run"], update))
-        try:
-            changed = self._apply(statements, commit.durable)
-        except StorageError as exc:
-            effect = commit.side_effect
-            if effect is not None and "second side effect" in str(exc):
-                raise StorageError(
-                    f"{self.path}: refusing to record a second side effect for idempotency key "
-                    f"{effect.key!r} (run {effect.run_id}, step {effect.step}): one key, one "
-                    f"effect, ever"
-                ) from None
-            raise
-        if commit.fence is not None and not commit.events and changed == 0:
-            raise LeaseLost(
-                f"run {commit.run_id}: lease lost: another process owns this run now "
-                f"(this process held token {commit.fence})"
-            )
+            statements.append(("update_run", update))
+        return statements
 
-    def _apply(self, statements: list[tuple[str, tuple[Any, ...]]], durable: bool) -> int:
+    def _apply(self, statements: list[Statement], durable: bool) -> int:
         """Execute ``statements`` atomically; returns the rows the last one changed. A single
         statement is its own transaction in SQLite's autocommit mode, which saves the
         BEGIN/COMMIT round trips on the hot path."""
@@ -330,43 +253,60 @@ class SQLiteStore:
                 conn = self._live()
                 try:
                     self._set_sync(conn, durable)
-                    return conn.execute(*statements[0]).rowcount
+                    return self._execute(conn, statements[0])
                 except sqlite3.Error as exc:
-                    raise _storage_error(self.path, exc) from None
+                    raise storage_error(self.path, exc) from None
         with self._write(durable) as conn:
             changed = 0
-            for sql, params in statements:
-                changed = conn.execute(sql, params).rowcount
+            for statement in statements:
+                changed = self._execute(conn, statement)
             return changed
 
+    def _execute(self, conn: sqlite3.Connection, statement: Statement) -> int:
+        name, params = statement
+        try:
+            return conn.execute(Q[name], params).rowcount
+        except sqlite3.IntegrityError as exc:
+            if name == "insert_side_effect" and duplicate_key(exc):
+                key, run_id, step = params["idempotency_key"], params["run_id"], params["step"]
+                raise SideEffectExistsError(
+                    path=self.path, key=key, run_id=run_id, step=step
+                ) from None
+            raise
+
     def take_lease(self, run_id: str, seen_token: int, lease: Lease) -> int | None:
-        row = (lease.owner, lease.pid, lease.host, lease.started, lease.expires_s)
+        taking = _params(lease, run_id=run_id, lease_token=seen_token)
         with self._write(durable=False) as conn:
-            changed = conn.execute(Q["take_lease"], (*row, run_id, seen_token)).rowcount
+            changed = conn.execute(Q["take_lease"], taking).rowcount
         return seen_token + 1 if changed == 1 else None
 
     def renew_lease(self, run_id: str, token: int, owner: str, expires_s: float) -> bool:
+        renewal = {
+            "run_id": run_id,
+            "lease_token": token,
+            "lease_owner": owner,
+            "lease_expires_s": expires_s,
+        }
         with self._write(durable=False) as conn:
-            changed = conn.execute(Q["renew_lease"], (expires_s, run_id, token, owner)).rowcount
-        return changed == 1
+            return conn.execute(Q["renew_lease"], renewal).rowcount == 1
 
     def release_lease(self, run_id: str, token: int) -> None:
         with self._write(durable=False) as conn:
-            conn.execute(Q["release_lease"], (run_id, token))
+            conn.execute(Q["release_lease"], {"run_id": run_id, "lease_token": token})
 
     def side_effect(self, key: str) -> SideEffect | None:
         with self._read() as conn:
-            found = conn.execute(Q["get_side_effect"], (key,)).fetchone()
-        return None if found is None else SideEffect(*found)
+            found = conn.execute(Q["get_side_effect"], {"idempotency_key": key}).fetchone()
+        return None if found is None else SideEffect(**found)
 
     def key_claim(self, key: str) -> KeyClaim | None:
         with self._read() as conn:
-            found = conn.execute(Q["get_claim"], (key,)).fetchone()
-        return None if found is None else KeyClaim(*found)
+            found = conn.execute(Q["get_claim"], {"idempotency_key": key}).fetchone()
+        return None if found is None else KeyClaim(**found)
 
     def due_runs(self, now_s: float) -> list[str]:
         with self._read() as conn:
-            return [r[0] for r in conn.execute(Q["due_runs"], (now_s,)).fetchall()]
+            return [r["run_id"] for r in conn.execute(Q["due_runs"], {"now_s": now_s})]
 
     def next_wake_s(self) -> float | None:
         with self._read() as conn:
@@ -374,43 +314,38 @@ class SQLiteStore:
         return None if value is None else float(value)
 
     def compact(self, run_id: str, watermark: int, snapshot: str, fence: int) -> int:
-        crc = codec.snapshot_checksum(watermark, snapshot)
+        folding = {
+            "run_id": run_id,
+            "watermark": watermark,
+            "body": snapshot,
+            "crc": codec.snapshot_checksum(watermark, snapshot),
+        }
         with self._write(durable=True) as conn:
-            found = conn.execute(Q["compact_check"], (run_id,)).fetchone()
+            found = conn.execute(Q["compact_check"], folding).fetchone()
             if found is None:
-                raise StorageError(f"{self.path}: no run {run_id!r} to compact")
-            token, old_mark, last_seq = found
-            if token != fence:
-                raise LeaseLost(
-                    f"run {run_id}: lease lost: another process owns this run now "
-                    f"(this process held token {fence})"
-                )
+                raise NoRunToCompactError(path=self.path, run_id=run_id)
+            if found["lease_token"] != fence:
+                raise LeaseLost(run_id=run_id, token=fence)
+            old_mark, last_seq = found["watermark"], found["last_seq"]
             if not old_mark < watermark <= (last_seq or 0):
                 raise ValueError(
                     f"run {run_id}: cannot fold up to seq {watermark}: the log holds seqs "
                     f"{old_mark + 1}..{last_seq or old_mark}"
                 )
-            conn.execute(Q["set_watermark"], (run_id, watermark))
-            conn.execute(Q["set_snapshot"], (run_id, watermark, snapshot, crc))
-            return conn.execute(Q["delete_folded"], (run_id, watermark)).rowcount
+            conn.execute(Q["set_watermark"], folding)
+            conn.execute(Q["set_snapshot"], folding)
+            return conn.execute(Q["delete_folded"], folding).rowcount
 
     def load_history(self, run_id: str) -> tuple[int, str | None, list[Event]]:
-        with self._read() as conn:
-            conn.execute("BEGIN")  # one read snapshot: a compaction cannot tear the two reads
-            try:
-                found = conn.execute(Q["get_snapshot"], (run_id,)).fetchone()
-                rows = conn.execute(Q["load_log"], (run_id, 0)).fetchall()
-            finally:
-                conn.execute("COMMIT")
+        whose = {"run_id": run_id, "after_seq": 0}
+        with self.reading() as conn:  # a compaction cannot tear the two reads
+            found = conn.execute(Q["get_snapshot"], whose).fetchone()
+            rows = conn.execute(Q["load_log"], whose).fetchall()
         if found is None:
             return 0, None, []
-        watermark, text, crc = found
-        if text is not None and codec.snapshot_checksum(watermark, text) != crc:
-            raise StorageError(
-                f"{self.path}: the snapshot of run {run_id} (its log up to seq {watermark}) "
-                f"fails its checksum; it will not be replayed. Restore the database from a "
-                f"backup."
-            )
+        watermark, text = found["watermark"], found["body"]
+        if text is not None and codec.snapshot_checksum(watermark, text) != found["crc"]:
+            raise SnapshotChecksumError(path=self.path, run_id=run_id, watermark=watermark)
         return watermark, text, self._verified(run_id, rows)
 
     def reclaim(self) -> tuple[int, int]:
@@ -418,7 +353,7 @@ class SQLiteStore:
             conn = self._live()
             try:
                 conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()  # sizes like for like
-                before = _file_bytes(self.path)
+                before = file_bytes(self.path)
                 if conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2:  # incremental
                     # Frees one page per step of the statement: executescript steps it to the
                     # end, where execute() would stop after the first page.
@@ -430,126 +365,11 @@ class SQLiteStore:
                     conn.execute("VACUUM")
                 conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
             except sqlite3.Error as exc:
-                raise _storage_error(self.path, exc) from None
-            return before, _file_bytes(self.path)
+                raise storage_error(self.path, exc) from None
+            return before, file_bytes(self.path)
 
     def close(self) -> None:
         with self._lock:
             if not self._closed:
                 self._closed = True
                 self._conn.close()
-
-    # -- helpers ---------------------------------------------------------------------------
-
-
-def _event_insert(run_id: str, e: Event, fence: int | None) -> tuple[str, tuple[Any, ...]]:
-    crc = codec.checksum(e.seq, e.kind, e.step, e.fp, e.data, e.at_s)
-    return Q["insert_event"], (run_id, e.seq, e.kind, e.step, e.fp, e.data, e.at_s, crc, fence)
-
-
-def _file_bytes(path: str) -> int:
-    """The database's size on disk, its WAL included."""
-    wal = f"{path}-wal"
-    return os.path.getsize(path) + (os.path.getsize(wal) if os.path.exists(wal) else 0)
-
-
-def _schema_of(conn: sqlite3.Connection) -> tuple[int, int]:
-    app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-    return app_id, conn.execute("PRAGMA user_version").fetchone()[0]
-
-
-def _split_script(script: str) -> list[str]:
-    """Split a migration into statements; trigger bodies keep their inner semicolons."""
-    statements, current = [], []
-    depth = 0
-    for line in script.splitlines():
-        stripped = line.strip()
-        if not stripped or stripped.startswith("--"):
-            continue
-        current.append(line)
-        upper = stripped.upper()
-        if upper.startswith("BEGIN") or upper.endswith(" BEGIN"):
-            depth += 1
-        if upper.startswith("END;"):
-            depth -= 1
-        if stripped.endswith(";") and depth == 0:
-            statements.append("\n".join(current))
-            current = []
-    if current:
-        statements.append("\n".join(current))
-    return statements
-
-
-def _check_file(path: str, *, read_only: bool) -> None:
-    """Refuse foreign, truncated or newer files before SQLite gets a chance to touch them."""
-    if os.path.isdir(path):
-        raise StorageError(f"{path} is a directory, not a durabl database file")
-    if not os.path.exists(path):
-        if read_only:
-            raise StorageError(f"{path} does not exist")
-        parent = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(parent):
-            raise StorageError(f"cannot create {path}: directory {parent} does not exist")
-        _check_writable_dir(path)
-        return
-    if not read_only:
-        _check_writable_dir(path)
-        if not os.access(path, os.W_OK):
-            raise StorageError(
-                f"{path} is read-only; a runtime must write to it (open it with read_only=True "
-                f"to only look)"
-            )
-    size = os.path.getsize(path)
-    if size == 0:
-        if read_only:
-            raise StorageError(f"{path} is empty, not a durabl database")
-        return
-    with open(path, "rb") as handle:
-        header = handle.read(100)
-    if len(header) < 100 or not header.startswith(SQLITE_MAGIC):
-        raise StorageError(f"{path} is not a durabl database (not a SQLite file)")
-    page_size = int.from_bytes(header[16:18], "big")
-    page_size = 65536 if page_size == 1 else page_size
-    change_counter = int.from_bytes(header[24:28], "big")
-    pages = int.from_bytes(header[28:32], "big")
-    valid_for = int.from_bytes(header[92:96], "big")
-    # With a live WAL, another process may be checkpointing into the file right now, which
-    # writes the header before the pages that extend the file: the sizes only agree at rest.
-    wal = f"{path}-wal"
-    at_rest = not (os.path.exists(wal) and os.path.getsize(wal) > 0)
-    if at_rest and valid_for == change_counter and pages and size < pages * page_size:
-        raise StorageError(
-            f"{path} is truncated: its header promises {pages * page_size} bytes, the file has "
-            f"{size}. Restore it from a backup; durabl will not guess at missing history."
-        )
-
-
-def _check_writable_dir(path: str) -> None:
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.access(parent, os.W_OK):
-        raise StorageError(
-            f"{path}: directory {parent} is read-only; durabl writes the database and its -wal "
-            f"and -shm files there (open it with read_only=True to only look)"
-        )
-
-
-def _storage_error(path: str, exc: sqlite3.Error) -> DurablError:
-    text = str(exc)
-    lowered = text.lower()
-    if "readonly" in lowered or "read-only" in lowered:
-        why = "the database or its directory is read-only"
-    elif "disk is full" in lowered or "database or disk is full" in lowered:
-        why = "the disk is full; nothing of this write was kept"
-    elif "malformed" in lowered or "not a database" in lowered or "corrupt" in lowered:
-        why = "the file is corrupt; restore it from a backup"
-    elif "unable to open" in lowered:
-        why = "the file cannot be opened (check the path and permissions)"
-    elif "unique constraint failed: side_effects" in lowered:
-        why = "refusing to record a second side effect for one idempotency key: one key, one effect, ever"
-    elif "lease lost" in lowered:
-        return LeaseLost(f"{path}: lease lost: another process owns this run now")
-    elif "durabl:" in lowered:
-        why = text[text.index("durabl:") + len("durabl:") :].strip()
-    else:
-        why = text
-    return StorageError(f"{path}: {why} ({text})" if why != text else f"{path}: {text}")

@@ -1,65 +1,72 @@
 -- Every statement the SQLite store issues, by name. Store methods refer to them by name only.
+-- Parameters are named after the column they set or match (:run_id, :lease_token); the columns a
+-- query returns are named after the fields of the record they fill (store/base.py).
 
 -- name: insert_run
 INSERT INTO runs (run_id, workflow, input, status, result, error, created_s, updated_s,
                   wake_at_s, watermark, lease_owner, lease_pid, lease_host, lease_started,
                   lease_expires_s, lease_token)
-VALUES (?, ?, ?, ?, NULL, NULL, ?, ?, NULL, 0, ?, ?, ?, ?, ?, ?);
+VALUES (:run_id, :workflow, :input, :status, NULL, NULL, :created_s, :updated_s, NULL, 0,
+        :lease_owner, :lease_pid, :lease_host, :lease_started, :lease_expires_s, :lease_token);
 
 -- name: get_run
-SELECT run_id, workflow, input, status, result, error, created_s, updated_s, wake_at_s, watermark,
-       lease_owner, lease_pid, lease_host, lease_started, lease_expires_s, lease_token
-FROM runs WHERE run_id = ?;
+SELECT run_id, workflow, input AS input_text, status, result AS result_text, error, created_s,
+       updated_s, wake_at_s, watermark, lease_owner AS owner, lease_pid AS pid,
+       lease_host AS host, lease_started AS started, lease_expires_s AS expires_s, lease_token
+FROM runs WHERE run_id = :run_id;
 
 -- name: list_runs
-SELECT run_id, workflow, input, status, result, error, created_s, updated_s, wake_at_s, watermark,
-       lease_owner, lease_pid, lease_host, lease_started, lease_expires_s, lease_token
+SELECT run_id, workflow, input AS input_text, status, result AS result_text, error, created_s,
+       updated_s, wake_at_s, watermark, lease_owner AS owner, lease_pid AS pid,
+       lease_host AS host, lease_started AS started, lease_expires_s AS expires_s, lease_token
 FROM runs
-WHERE (?1 IS NULL OR status IN (SELECT value FROM json_each(?1)))
-  AND (?2 IS NULL OR workflow = ?2)
+WHERE (:statuses IS NULL OR status IN (SELECT value FROM json_each(:statuses)))
+  AND (:workflow IS NULL OR workflow = :workflow)
 ORDER BY created_s DESC, run_id DESC
-LIMIT ?3;
+LIMIT :limit;
 
 -- name: insert_event
 INSERT INTO events (run_id, seq, kind, step, fp, data, at_s, crc, fence)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?);
+VALUES (:run_id, :seq, :kind, :step, :fp, :data, :at_s, :crc, :fence);
 
 -- name: load_log
 SELECT seq, kind, step, fp, data, at_s, crc FROM events
-WHERE run_id = ? AND seq > ? ORDER BY seq;
+WHERE run_id = :run_id AND seq > :after_seq ORDER BY seq;
 
 -- name: update_run
 UPDATE runs SET
-    status    = COALESCE(?2, status),
-    result    = COALESCE(?3, result),
-    error     = CASE WHEN ?4 IS NOT NULL THEN ?4 WHEN ?5 THEN NULL ELSE error END,
-    wake_at_s = CASE WHEN ?6 THEN ?7 ELSE wake_at_s END,
-    updated_s = ?8
-WHERE run_id = ?1 AND (?9 IS NULL OR lease_token = ?9);
+    status    = COALESCE(:status, status),
+    result    = COALESCE(:result, result),
+    error     = CASE WHEN :error IS NOT NULL THEN :error WHEN :clear_error THEN NULL ELSE error END,
+    wake_at_s = CASE WHEN :set_wake THEN :wake_at_s ELSE wake_at_s END,
+    updated_s = :updated_s
+WHERE run_id = :run_id AND (:fence IS NULL OR lease_token = :fence);
 
 -- name: insert_side_effect
 INSERT INTO side_effects (idempotency_key, run_id, step, tool, args_fp, result, error, at_s)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?);
+VALUES (:idempotency_key, :run_id, :step, :tool, :args_fp, :result, :error, :at_s);
 
 -- name: get_side_effect
-SELECT idempotency_key, run_id, step, tool, args_fp, result, error, at_s
-FROM side_effects WHERE idempotency_key = ?;
+SELECT idempotency_key AS key, run_id, step, tool, args_fp, result AS result_text, error, at_s
+FROM side_effects WHERE idempotency_key = :idempotency_key;
 
 -- name: upsert_claim
 INSERT INTO key_claims (idempotency_key, run_id, step, tool, args_fp, at_s)
-VALUES (?, ?, ?, ?, ?, ?)
+VALUES (:idempotency_key, :run_id, :step, :tool, :args_fp, :at_s)
 ON CONFLICT (idempotency_key) DO UPDATE SET
     run_id = excluded.run_id, step = excluded.step, tool = excluded.tool,
     args_fp = excluded.args_fp, at_s = excluded.at_s;
 
 -- name: delete_claim
-DELETE FROM key_claims WHERE idempotency_key = ?;
+DELETE FROM key_claims WHERE idempotency_key = :idempotency_key;
 
 -- name: get_claim
-SELECT idempotency_key, run_id, step, tool, args_fp FROM key_claims WHERE idempotency_key = ?;
+SELECT idempotency_key AS key, run_id, step, tool, args_fp FROM key_claims
+WHERE idempotency_key = :idempotency_key;
 
 -- name: due_runs
-SELECT run_id FROM runs WHERE wake_at_s IS NOT NULL AND wake_at_s <= ? ORDER BY wake_at_s;
+SELECT run_id FROM runs
+WHERE wake_at_s IS NOT NULL AND wake_at_s <= :now_s ORDER BY wake_at_s;
 
 -- name: next_wake
 SELECT MIN(wake_at_s) FROM runs WHERE wake_at_s IS NOT NULL;
@@ -68,37 +75,39 @@ SELECT MIN(wake_at_s) FROM runs WHERE wake_at_s IS NOT NULL;
 SELECT COUNT(*) FROM sqlite_master WHERE type = 'table';
 
 -- name: take_lease
-UPDATE runs SET lease_owner = ?, lease_pid = ?, lease_host = ?, lease_started = ?,
-                lease_expires_s = ?, lease_token = lease_token + 1
-WHERE run_id = ? AND lease_token = ?;
+UPDATE runs SET lease_owner = :lease_owner, lease_pid = :lease_pid, lease_host = :lease_host,
+                lease_started = :lease_started, lease_expires_s = :lease_expires_s,
+                lease_token = lease_token + 1
+WHERE run_id = :run_id AND lease_token = :lease_token;
 
 -- name: renew_lease
-UPDATE runs SET lease_expires_s = ? WHERE run_id = ? AND lease_token = ? AND lease_owner = ?;
+UPDATE runs SET lease_expires_s = :lease_expires_s
+WHERE run_id = :run_id AND lease_token = :lease_token AND lease_owner = :lease_owner;
 
 -- name: release_lease
 UPDATE runs SET lease_owner = NULL, lease_pid = NULL, lease_host = NULL, lease_started = NULL,
                 lease_expires_s = NULL
-WHERE run_id = ? AND lease_token = ?;
+WHERE run_id = :run_id AND lease_token = :lease_token;
 
 -- name: compact_check
-SELECT lease_token, watermark, (SELECT MAX(seq) FROM events WHERE run_id = ?1)
-FROM runs WHERE run_id = ?1;
+SELECT lease_token, watermark, (SELECT MAX(seq) FROM events WHERE run_id = :run_id) AS last_seq
+FROM runs WHERE run_id = :run_id;
 
 -- name: set_watermark
-UPDATE runs SET watermark = ?2 WHERE run_id = ?1;
+UPDATE runs SET watermark = :watermark WHERE run_id = :run_id;
 
 -- name: set_snapshot
-INSERT INTO snapshots (run_id, watermark, body, crc) VALUES (?1, ?2, ?3, ?4)
+INSERT INTO snapshots (run_id, watermark, body, crc) VALUES (:run_id, :watermark, :body, :crc)
 ON CONFLICT (run_id) DO UPDATE SET
     watermark = excluded.watermark, body = excluded.body, crc = excluded.crc;
 
 -- name: delete_folded
-DELETE FROM events WHERE run_id = ? AND seq <= ?;
+DELETE FROM events WHERE run_id = :run_id AND seq <= :watermark;
 
 -- name: get_snapshot
 -- The checksum covers the run's watermark: a snapshot that is not the run's current one fails it.
 SELECT runs.watermark, snapshots.body, snapshots.crc
-FROM runs LEFT JOIN snapshots USING (run_id) WHERE run_id = ?;
+FROM runs LEFT JOIN snapshots USING (run_id) WHERE run_id = :run_id;
 
 -- name: doctor_integrity
 PRAGMA integrity_check;
@@ -110,7 +119,7 @@ SELECT application_id, user_version FROM pragma_application_id(), pragma_user_ve
 SELECT name FROM sqlite_master WHERE type = 'trigger';
 
 -- name: doctor_runs
-SELECT run_id, status, runs.watermark, snapshots.body, snapshots.crc
+SELECT run_id, status, runs.watermark, snapshots.body AS snapshot, snapshots.crc AS snapshot_crc
 FROM runs LEFT JOIN snapshots USING (run_id) ORDER BY run_id;
 
 -- name: doctor_count_events

@@ -1,0 +1,100 @@
+"""The SQL the SQLite store ships: its named statements, its numbered migrations, and the runner
+that brings a database's schema up to date.
+
+The statements live in ``sql/sqlite_queries.sql``, one per ``-- name:`` block, each taking named
+parameters (``:run_id``). A migration is ``sql/sqlite_NNNN_what.sql``; once shipped it is never
+edited, because the triggers it created are in databases users already have.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from importlib import resources
+
+APPLICATION_ID = 0x64726231  # "drb1": marks a file as a durabl database
+
+TRIGGER_MARKER = "durabl:"
+"""How every trigger's RAISE message starts: the mark of a refusal by durabl's own schema."""
+
+
+def _load_queries() -> dict[str, str]:
+    text = resources.files("durabl.store").joinpath("sql/sqlite_queries.sql").read_text()
+    queries: dict[str, str] = {}
+    for block in re.split(r"^-- name: ", text, flags=re.M)[1:]:
+        name, _, body = block.partition("\n")
+        queries[name.strip()] = body.strip()
+    return queries
+
+
+def _load_migrations() -> list[tuple[int, str]]:
+    folder = resources.files("durabl.store").joinpath("sql")
+    found = []
+    for entry in folder.iterdir():
+        match = re.fullmatch(r"sqlite_(\d{4})_\w+\.sql", entry.name)
+        if match:
+            found.append((int(match.group(1)), entry.read_text()))
+    return sorted(found)
+
+
+Q = _load_queries()
+MIGRATIONS = _load_migrations()
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+_RAISING_TRIGGER = re.compile(r"CREATE TRIGGER (\w+)\b.*?RAISE\(ABORT, '((?:[^']|'')*)'\)", re.S)
+
+TRIGGERS_BY_MESSAGE: dict[str, str] = {
+    match.group(2).replace("''", "'"): match.group(1)
+    for _, script in MIGRATIONS
+    for match in _RAISING_TRIGGER.finditer(script)
+}
+"""Each trigger's RAISE message, as SQLite reports it, and the trigger's name. SQLite tells a
+trigger's refusal only by its message, and the messages are in every database ever created, so
+the message names the trigger and the trigger's name is the stable key."""
+
+
+def schema_of(conn: sqlite3.Connection) -> tuple[int, int]:
+    """The file's (application id, schema version)."""
+    app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+    return app_id, conn.execute("PRAGMA user_version").fetchone()[0]
+
+
+def migrate(conn: sqlite3.Connection) -> None:
+    """Bring the schema up to date, in one transaction. A current database is not written to."""
+    if schema_of(conn) == (APPLICATION_ID, SCHEMA_VERSION):
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        for number, script in MIGRATIONS:
+            if number > version:
+                for statement in _split_script(script):
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {number}")
+        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _split_script(script: str) -> list[str]:
+    """Split a migration into statements; trigger bodies keep their inner semicolons."""
+    statements, current = [], []
+    depth = 0
+    for line in script.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("--"):
+            continue
+        current.append(line)
+        upper = stripped.upper()
+        if upper.startswith("BEGIN") or upper.endswith(" BEGIN"):
+            depth += 1
+        if upper.startswith("END;"):
+            depth -= 1
+        if stripped.endswith(";") and depth == 0:
+            statements.append("\n".join(current))
+            current = []
+    if current:
+        statements.append("\n".join(current))
+    return statements
