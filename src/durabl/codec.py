@@ -20,17 +20,40 @@ _ENCODER = json.JSONEncoder(
 )
 _decode = json.JSONDecoder().decode
 
+# The same encoder, made once. JSONEncoder.encode builds a new C encoder on every call, which
+# is most of what encoding a small record costs, and durabl encodes several on every step. This
+# one keeps no circular-reference markers, so it holds no state and threads may share it; a
+# value it cannot encode is encoded again by _ENCODER, whose error is the one reported.
+_MAKE_ENCODER = getattr(json.encoder, "c_make_encoder", None)  # None without the C accelerator
+_C_ENCODER = (
+    None
+    if _MAKE_ENCODER is None
+    else _MAKE_ENCODER(
+        None, _ENCODER.default, json.encoder.encode_basestring, None, ":", ",", True, False, False
+    )
+)
+
+
+def _json(value: Any) -> str:
+    if _C_ENCODER is not None:
+        try:
+            return "".join(_C_ENCODER(value, 0))
+        except (TypeError, ValueError, RecursionError):
+            pass
+    return _ENCODER.encode(value)
+
 
 def encode(value: Any, *, what: str = "value") -> str:
     """Return the canonical JSON text of ``value`` or raise ``EncodingError`` naming ``what``."""
     try:
         try:
-            text = _ENCODER.encode(value)
+            text = _json(value)
         except TypeError:
             _check_keys(value)  # a clearer message when mixed key types broke the sort
             raise
         _check_keys(value)
-        text.encode()  # a lone surrogate has no UTF-8 form and could not be stored
+        if not text.isascii():
+            text.encode()  # a lone surrogate has no UTF-8 form and could not be stored
         return text
     except (TypeError, ValueError, RecursionError) as exc:
         raise EncodingError(what=what, reason=str(exc)) from None
@@ -40,6 +63,13 @@ def _check_keys(value: Any) -> None:
     """JSON would silently turn a key like 1 or None into "1" or "null"; refuse instead."""
     if not isinstance(value, _CONTAINERS):
         return
+    if type(value) is dict:
+        # Most records durabl writes are flat dicts with str keys: done without the walk.
+        for key, item in value.items():
+            if type(key) is not str or isinstance(item, _CONTAINERS):
+                break
+        else:
+            return
     stack = [value]
     seen: set[int] = set()
     while stack:

@@ -119,7 +119,7 @@ class Engine:
         existing = self.store.create_run(row, first)
         if existing is not None:
             return self._start_again(existing, wf, input_text)
-        self.writer.note_written(run_id)
+        self.writer.written.add(run_id)
         self.workflows.setdefault(wf.name, wf)
         with self.owning(run_id, token=1) as (row, token):
             crashpoints.reach(crashpoints.AFTER_RUN_STARTED)
@@ -250,9 +250,9 @@ class Engine:
         row = self.store.get_run(run_id)
         if row is None or row.status in events.TERMINAL_STATUSES:
             return None
-        wrote_before = self.writer.has_written(run_id)
+        wrote_before = run_id in self.writer.written
         state = self.resume(row)
-        if not wrote_before and not self.writer.has_written(run_id):
+        if not wrote_before and run_id not in self.writer.written:
             return None
         return state.status
 

@@ -50,14 +50,9 @@ class Writer:
         self.clock = clock
         self.boundary = boundary
         self.journal_class = journal_class
-        self._written: set[str] = set()  # set.add is atomic: worker threads share it
-
-    def has_written(self, run_id: str) -> bool:
-        """True once this instance started ``run_id`` or appended to its log."""
-        return run_id in self._written
-
-    def note_written(self, run_id: str) -> None:
-        self._written.add(run_id)
+        self.written: set[str] = set()
+        """The runs this instance started or appended to (set.add is atomic: worker threads
+        share it)."""
 
     def open(self, row: RunRow, history: History, progress: Progress, token: int | None) -> Journal:
         """A journal for one pass through ``row``'s run, writing with fencing ``token``; with
@@ -111,10 +106,11 @@ class Journal:
             raise AssertionError("a dry replay never writes")
         if status is None:
             status = events.RUNNING if new else self.status
-        now_s = self.now()
+        writer = self.writer
+        now_s = writer.clock()
         rows = self._rows(new, self.progress.position if step is None else step, now_s)
         clear_error = status in _HEALTHY and error is None and self.error is not None
-        self.store.commit(
+        writer.store.commit(
             Commit(
                 run_id=self.run_id,
                 events=rows,
@@ -132,7 +128,7 @@ class Journal:
             )
         )
         if new:
-            self.writer.note_written(self.run_id)
+            writer.written.add(self.run_id)
         for row in rows:
             self.history.apply(row)
         self.status = status
@@ -141,7 +137,7 @@ class Journal:
     def _rows(self, new: list[NewEvent], position: int, now_s: float) -> list[Event]:
         rows: list[Event] = []
         seq = self.history.last_seq
-        if new and not self.writer.has_written(self.run_id):
+        if new and self.run_id not in self.writer.written:
             seq += 1
             boundary = codec.encode({**self.writer.boundary, "replayed": self.progress.replayed})
             rows.append(Event(seq, events.RUN_RESUMED, 0, None, boundary, now_s))

@@ -21,7 +21,7 @@ from durabl.store.base import KeyClaim, SideEffect
 from durabl.tools import RetryPolicy
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Dispatch:
     """A tool call: control leaves durabl, so TOOL_DISPATCHED is written before it, and its
     outcome is recorded under ``key`` in the side_effects table."""
@@ -32,7 +32,7 @@ class Dispatch:
     at_most_once: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AttemptSpec:
     """How to attempt one model or tool step."""
 

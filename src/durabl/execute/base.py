@@ -12,7 +12,7 @@ from durabl.steps import Step
 from durabl.tools import RetryPolicy, Tool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Services:
     """The runtime's configuration as the executors see it."""
 
@@ -25,28 +25,44 @@ class Services:
     """Hand control to a tool: the only place durabl calls one (a seam, see ``Runtime``)."""
 
 
-@dataclass(frozen=True, slots=True)
 class StepCall:
     """One step to execute for real: the replay decision said the log has no outcome for it."""
 
-    journal: Journal
-    step: Step
-    rec: StepRecord | None
-    """What the log holds at this position (an attempt begun, a timer armed), or None."""
-    action: str
-    """The replay decision (``replay.EXECUTE``, ``RESTART``, ``AMBIGUOUS``, ``WAIT`` ...)."""
-    now: Callable[[], float]
-    services: Services
-    draw: Callable[[], Any] | None = None
-    """For a ctx value: where the value comes from the first time."""
+    __slots__ = (
+        "action",
+        "draw",
+        "journal",
+        "now",
+        "position",
+        "rec",
+        "run_id",
+        "services",
+        "step",
+    )
 
-    @property
-    def run_id(self) -> str:
-        return self.journal.run_id
-
-    @property
-    def position(self) -> int:
-        return self.journal.progress.position
+    def __init__(
+        self,
+        journal: Journal,
+        step: Step,
+        rec: StepRecord | None,
+        action: str,
+        now: Callable[[], float],
+        services: Services,
+        draw: Callable[[], Any] | None = None,
+    ) -> None:
+        self.journal = journal
+        self.step = step
+        self.rec = rec
+        """What the log holds at this position (an attempt begun, a timer armed), or None."""
+        self.action = action
+        """The replay decision (``replay.EXECUTE``, ``RESTART``, ``AMBIGUOUS``, ``WAIT`` ...)."""
+        self.now = now
+        self.services = services
+        self.draw = draw
+        """For a ctx value: where the value comes from the first time."""
+        self.run_id = journal.run_id
+        self.position = journal.progress.position
+        """The step's position: fixed for the call, however far the pass gets after it."""
 
     def executed(self) -> None:
         """Count the step as executed for real in this pass."""

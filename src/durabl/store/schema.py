@@ -8,9 +8,12 @@ edited, because the triggers it created are in databases users already have.
 
 from __future__ import annotations
 
+import operator
 import re
 import sqlite3
+from collections.abc import Callable, Mapping
 from importlib import resources
+from typing import Any
 
 APPLICATION_ID = 0x64726231  # "drb1": marks a file as a durabl database
 
@@ -37,7 +40,43 @@ def _load_migrations() -> list[tuple[int, str]]:
     return sorted(found)
 
 
+_PARAMETER = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+
+
+def _numbered(sql: str) -> tuple[str, tuple[str, ...]]:
+    """``sql`` with its named parameters numbered (``:run_id`` becomes ``?1``), comments
+    dropped, and the parameters' names in the order of their numbers."""
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"?{names.index(match.group(1)) + 1}"
+
+    code = "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
+    return _PARAMETER.sub(number, code), tuple(names)
+
+
+def _binder(names: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
+    """Takes named parameters to the sequence a numbered statement binds."""
+    if len(names) == 1:
+        only = names[0]
+        return lambda params: (params[only],)
+    if not names:
+        return lambda params: ()
+    return operator.itemgetter(*names)
+
+
+def _compiled(sql: str) -> tuple[str, Callable[[Mapping[str, Any]], tuple[Any, ...]]]:
+    code, names = _numbered(sql)
+    return code, _binder(names)
+
+
 Q = _load_queries()
+NUMBERED = {name: _compiled(sql) for name, sql in Q.items()}
+"""Each statement of ``Q`` with numbered parameters, and what takes its named parameters to
+their sequence. The writes bind through it: SQLite binds a sequence faster than it looks names
+up in a mapping, and a write runs on every step. The named text in ``Q`` stays the one source."""
 MIGRATIONS = _load_migrations()
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 

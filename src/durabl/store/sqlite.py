@@ -23,6 +23,7 @@ from typing import Any
 
 from durabl import codec
 from durabl.errors import (
+    DurablError,
     EventChecksumError,
     LeaseLost,
     NoRunToCompactError,
@@ -34,7 +35,7 @@ from durabl.events import Event
 from durabl.store.base import UNCHANGED, Commit, KeyClaim, Lease, RunRow, SideEffect
 from durabl.store.connection import open_database
 from durabl.store.files import file_bytes
-from durabl.store.schema import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION, Q
+from durabl.store.schema import APPLICATION_ID, MIGRATIONS, NUMBERED, SCHEMA_VERSION, Q
 from durabl.store.sqlite_errors import duplicate_key, storage_error
 
 __all__ = ["APPLICATION_ID", "MIGRATIONS", "SCHEMA_VERSION", "Q", "SQLiteStore"]
@@ -60,12 +61,23 @@ _LEASE_FIELDS = ("owner", "pid", "host", "started", "expires_s")
 _NO_LEASE = {_COLUMN_OF[name]: None for name in _LEASE_FIELDS}
 
 
+_PARAMETERS_OF: dict[type, tuple[tuple[str, str], ...]] = {}
+"""Per record type, (parameter, field) pairs: worked out once, not on every commit."""
+
+
 def _params(record: Any, **extra: Any) -> dict[str, Any]:
     """A record's fields as named parameters (named after their columns), and ``extra``.
     Shallow, where ``dataclasses.asdict`` would copy every value on the hot path. Keys a
     statement does not name are ignored."""
-    fields = dataclasses.fields(record)
-    return {_COLUMN_OF.get(f.name, f.name): getattr(record, f.name) for f in fields} | extra
+    pairs = _PARAMETERS_OF.get(type(record))
+    if pairs is None:
+        fields = dataclasses.fields(record)
+        pairs = _PARAMETERS_OF[type(record)] = tuple(
+            (_COLUMN_OF.get(f.name, f.name), f.name) for f in fields
+        )
+    params = {column: getattr(record, name) for column, name in pairs}
+    params.update(extra)
+    return params
 
 
 def _run_row(row: sqlite3.Row) -> RunRow:
@@ -76,12 +88,20 @@ def _run_row(row: sqlite3.Row) -> RunRow:
     return RunRow(**fields, lease=held)
 
 
-def _crc(e: Event) -> int:
-    return codec.checksum(e.seq, e.kind, e.step, e.fp, e.data, e.at_s)
-
-
 def _event_insert(run_id: str, e: Event, fence: int | None) -> Statement:
-    return "insert_event", {"run_id": run_id, **e._asdict(), "crc": _crc(e), "fence": fence}
+    crc = codec.checksum(e.seq, e.kind, e.step, e.fp, e.data, e.at_s)
+    params = {
+        "run_id": run_id,
+        "seq": e.seq,
+        "kind": e.kind,
+        "step": e.step,
+        "fp": e.fp,
+        "data": e.data,
+        "at_s": e.at_s,
+        "crc": crc,
+        "fence": fence,
+    }
+    return "insert_event", params
 
 
 class SQLiteStore:
@@ -204,11 +224,12 @@ class SQLiteStore:
 
     def _verified(self, run_id: str, rows: list[sqlite3.Row]) -> list[Event]:
         log = []
-        for row in rows:
-            event = Event(**{name: row[name] for name in Event._fields})
-            if _crc(event) != row["crc"]:
-                raise EventChecksumError(path=self.path, run_id=run_id, seq=event.seq)
-            log.append(event)
+        # ``load_log`` selects an event's columns in the order of its fields, then the crc:
+        # unpacked by position here because this loop runs once for every event replayed.
+        for seq, kind, step, fp, data, at_s, crc in rows:
+            if codec.checksum(seq, kind, step, fp, data, at_s) != crc:
+                raise EventChecksumError(path=self.path, run_id=run_id, seq=seq)
+            log.append(Event(seq, kind, step, fp, data, at_s))
         return log
 
     def commit(self, commit: Commit) -> None:
@@ -264,15 +285,20 @@ class SQLiteStore:
 
     def _execute(self, conn: sqlite3.Connection, statement: Statement) -> int:
         name, params = statement
+        sql, bind = NUMBERED[name]
         try:
-            return conn.execute(Q[name], params).rowcount
+            return conn.execute(sql, bind(params)).rowcount
         except sqlite3.IntegrityError as exc:
-            if name == "insert_side_effect" and duplicate_key(exc):
-                key, run_id, step = params["idempotency_key"], params["run_id"], params["step"]
-                raise SideEffectExistsError(
-                    path=self.path, key=key, run_id=run_id, step=step
-                ) from None
-            raise
+            raise self._refused(statement, exc) from None
+
+    def _refused(self, statement: Statement, exc: sqlite3.IntegrityError) -> DurablError:
+        """What a constraint's refusal of ``statement`` means: a second side effect for one
+        key is told by which statement failed and how, never by the error's words."""
+        name, params = statement
+        if name == "insert_side_effect" and duplicate_key(exc):
+            key, run_id, step = params["idempotency_key"], params["run_id"], params["step"]
+            return SideEffectExistsError(path=self.path, key=key, run_id=run_id, step=step)
+        return storage_error(self.path, exc)
 
     def take_lease(self, run_id: str, seen_token: int, lease: Lease) -> int | None:
         taking = _params(lease, run_id=run_id, lease_token=seen_token)

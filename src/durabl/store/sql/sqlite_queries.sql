@@ -30,6 +30,7 @@ INSERT INTO events (run_id, seq, kind, step, fp, data, at_s, crc, fence)
 VALUES (:run_id, :seq, :kind, :step, :fp, :data, :at_s, :crc, :fence);
 
 -- name: load_log
+-- The columns in the order of an Event's fields, then crc: the store unpacks them by position.
 SELECT seq, kind, step, fp, data, at_s, crc FROM events
 WHERE run_id = :run_id AND seq > :after_seq ORDER BY seq;
 
