@@ -23,6 +23,9 @@ EXECUTORS: dict[type[Step], Executor] = {
 
 def execute(call: StepCall) -> Any:
     """Execute ``call.step`` with the executor of its type (or of the nearest base type)."""
+    executor = EXECUTORS.get(type(call.step))
+    if executor is not None:
+        return executor(call)
     for kind in type(call.step).__mro__:
         executor = EXECUTORS.get(kind)
         if executor is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import operator
 import os
 import sqlite3
 import threading
@@ -61,21 +62,22 @@ _LEASE_FIELDS = ("owner", "pid", "host", "started", "expires_s")
 _NO_LEASE = {_COLUMN_OF[name]: None for name in _LEASE_FIELDS}
 
 
-_PARAMETERS_OF: dict[type, tuple[tuple[str, str], ...]] = {}
-"""Per record type, (parameter, field) pairs: worked out once, not on every commit."""
+_PARAMETERS_OF: dict[type, tuple[tuple[str, ...], Any]] = {}
+"""Per record type: its parameters' names (its columns) and a getter of its fields' values,
+worked out once, not on every commit."""
 
 
 def _params(record: Any, **extra: Any) -> dict[str, Any]:
     """A record's fields as named parameters (named after their columns), and ``extra``.
     Shallow, where ``dataclasses.asdict`` would copy every value on the hot path. Keys a
     statement does not name are ignored."""
-    pairs = _PARAMETERS_OF.get(type(record))
-    if pairs is None:
-        fields = dataclasses.fields(record)
-        pairs = _PARAMETERS_OF[type(record)] = tuple(
-            (_COLUMN_OF.get(f.name, f.name), f.name) for f in fields
-        )
-    params = {column: getattr(record, name) for column, name in pairs}
+    known = _PARAMETERS_OF.get(type(record))
+    if known is None:
+        names = [f.name for f in dataclasses.fields(record)]
+        columns = tuple(_COLUMN_OF.get(name, name) for name in names)
+        known = _PARAMETERS_OF[type(record)] = (columns, operator.attrgetter(*names))
+    columns, values_of = known
+    params = dict(zip(columns, values_of(record), strict=True))
     params.update(extra)
     return params
 
@@ -89,15 +91,16 @@ def _run_row(row: sqlite3.Row) -> RunRow:
 
 
 def _event_insert(run_id: str, e: Event, fence: int | None) -> Statement:
-    crc = codec.checksum(e.seq, e.kind, e.step, e.fp, e.data, e.at_s)
+    seq, kind, step, fp, data, at_s = e
+    crc = codec.checksum(seq, kind, step, fp, data, at_s)
     params = {
         "run_id": run_id,
-        "seq": e.seq,
-        "kind": e.kind,
-        "step": e.step,
-        "fp": e.fp,
-        "data": e.data,
-        "at_s": e.at_s,
+        "seq": seq,
+        "kind": kind,
+        "step": step,
+        "fp": fp,
+        "data": data,
+        "at_s": at_s,
         "crc": crc,
         "fence": fence,
     }
@@ -240,7 +243,10 @@ class SQLiteStore:
     def _statements(self, commit: Commit) -> list[Statement]:
         """What ``commit`` writes, in order; the run row's update comes last, so that its
         changed-row count tells whether the fence held."""
-        statements = [_event_insert(commit.run_id, event, commit.fence) for event in commit.events]
+        run_id, fence = commit.run_id, commit.fence
+        statements = []
+        for event in commit.events:
+            statements.append(_event_insert(run_id, event, fence))
         if commit.side_effect is not None:
             statements.append(("insert_side_effect", _params(commit.side_effect)))
         if commit.claim is not None:
