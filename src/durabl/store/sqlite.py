@@ -13,14 +13,11 @@ The SQL is in ``schema`` (named statements, migrations), how a file is judged an
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
-import operator
 import os
 import sqlite3
 import threading
 from collections.abc import Iterator
-from typing import Any
 
 from durabl import codec
 from durabl.errors import (
@@ -36,75 +33,19 @@ from durabl.events import Event
 from durabl.store.base import UNCHANGED, Commit, KeyClaim, Lease, RunRow, SideEffect
 from durabl.store.connection import open_database
 from durabl.store.files import file_bytes
+from durabl.store.records import (
+    NO_LEASE,
+    Statement,
+    event_insert,
+    parameters_of,
+    run_row,
+)
 from durabl.store.schema import APPLICATION_ID, MIGRATIONS, NUMBERED, SCHEMA_VERSION, Q
 from durabl.store.sqlite_errors import duplicate_key, storage_error
 
 __all__ = ["APPLICATION_ID", "MIGRATIONS", "SCHEMA_VERSION", "Q", "SQLiteStore"]
 
 DURABILITY_MODES = ("full", "process")
-
-Statement = tuple[str, dict[str, Any]]
-"""A statement to run: its name in ``Q`` and its named parameters."""
-
-_COLUMN_OF = {
-    "key": "idempotency_key",
-    "input_text": "input",
-    "result_text": "result",
-    "owner": "lease_owner",
-    "pid": "lease_pid",
-    "host": "lease_host",
-    "started": "lease_started",
-    "expires_s": "lease_expires_s",
-}
-"""The column that stores a record's field, where the two names differ."""
-
-_LEASE_FIELDS = ("owner", "pid", "host", "started", "expires_s")
-_NO_LEASE = {_COLUMN_OF[name]: None for name in _LEASE_FIELDS}
-
-
-_PARAMETERS_OF: dict[type, tuple[tuple[str, ...], Any]] = {}
-"""Per record type: its parameters' names (its columns) and a getter of its fields' values,
-worked out once, not on every commit."""
-
-
-def _params(record: Any, **extra: Any) -> dict[str, Any]:
-    """A record's fields as named parameters (named after their columns), and ``extra``.
-    Shallow, where ``dataclasses.asdict`` would copy every value on the hot path. Keys a
-    statement does not name are ignored."""
-    known = _PARAMETERS_OF.get(type(record))
-    if known is None:
-        names = [f.name for f in dataclasses.fields(record)]
-        columns = tuple(_COLUMN_OF.get(name, name) for name in names)
-        known = _PARAMETERS_OF[type(record)] = (columns, operator.attrgetter(*names))
-    columns, values_of = known
-    params = dict(zip(columns, values_of(record), strict=True))
-    params.update(extra)
-    return params
-
-
-def _run_row(row: sqlite3.Row) -> RunRow:
-    """A runs row, selected with its columns named after the fields of RunRow and Lease."""
-    fields = dict(row)
-    lease = {name: fields.pop(name) for name in _LEASE_FIELDS}
-    held = None if lease["owner"] is None else Lease(**lease, token=fields["lease_token"])
-    return RunRow(**fields, lease=held)
-
-
-def _event_insert(run_id: str, e: Event, fence: int | None) -> Statement:
-    seq, kind, step, fp, data, at_s = e
-    crc = codec.checksum(seq, kind, step, fp, data, at_s)
-    params = {
-        "run_id": run_id,
-        "seq": seq,
-        "kind": kind,
-        "step": step,
-        "fp": fp,
-        "data": data,
-        "at_s": at_s,
-        "crc": crc,
-        "fence": fence,
-    }
-    return "insert_event", params
 
 
 class SQLiteStore:
@@ -193,17 +134,17 @@ class SQLiteStore:
         with self._write(durable=True) as conn:
             existing = conn.execute(Q["get_run"], {"run_id": row.run_id}).fetchone()
             if existing is not None:
-                return _run_row(existing)
+                return run_row(existing)
             token = None if row.lease is None else 1
-            lease = _NO_LEASE if row.lease is None else _params(row.lease)
-            self._execute(conn, ("insert_run", _params(row, **lease, lease_token=token or 0)))
-            self._execute(conn, _event_insert(row.run_id, first, token))
+            lease = NO_LEASE if row.lease is None else parameters_of(row.lease)
+            self._execute(conn, ("insert_run", parameters_of(row, **lease, lease_token=token or 0)))
+            self._execute(conn, event_insert(row.run_id, first, token))
         return None
 
     def get_run(self, run_id: str) -> RunRow | None:
         with self._read() as conn:
             found = conn.execute(Q["get_run"], {"run_id": run_id}).fetchone()
-        return None if found is None else _run_row(found)
+        return None if found is None else run_row(found)
 
     def list_runs(
         self,
@@ -217,7 +158,7 @@ class SQLiteStore:
             "limit": -1 if limit is None else limit,
         }
         with self._read() as conn:
-            return [_run_row(r) for r in conn.execute(Q["list_runs"], wanted).fetchall()]
+            return [run_row(r) for r in conn.execute(Q["list_runs"], wanted).fetchall()]
 
     def load_log(self, run_id: str, after_seq: int = 0) -> list[Event]:
         with self._read() as conn:
@@ -246,11 +187,11 @@ class SQLiteStore:
         run_id, fence = commit.run_id, commit.fence
         statements = []
         for event in commit.events:
-            statements.append(_event_insert(run_id, event, fence))
+            statements.append(event_insert(run_id, event, fence))
         if commit.side_effect is not None:
-            statements.append(("insert_side_effect", _params(commit.side_effect)))
+            statements.append(("insert_side_effect", parameters_of(commit.side_effect)))
         if commit.claim is not None:
-            statements.append(("upsert_claim", _params(commit.claim, at_s=commit.at_s)))
+            statements.append(("upsert_claim", parameters_of(commit.claim, at_s=commit.at_s)))
         if commit.release_claim is not None:
             statements.append(("delete_claim", {"idempotency_key": commit.release_claim}))
         set_wake = commit.wake_at_s != UNCHANGED
@@ -262,7 +203,7 @@ class SQLiteStore:
             or set_wake
             or (commit.fence is not None and not commit.events)
         ):
-            update = _params(
+            update = parameters_of(
                 commit,
                 set_wake=set_wake,
                 wake_at_s=commit.wake_at_s if set_wake else None,
@@ -307,7 +248,7 @@ class SQLiteStore:
         return storage_error(self.path, exc)
 
     def take_lease(self, run_id: str, seen_token: int, lease: Lease) -> int | None:
-        taking = _params(lease, run_id=run_id, lease_token=seen_token)
+        taking = parameters_of(lease, run_id=run_id, lease_token=seen_token)
         with self._write(durable=False) as conn:
             changed = conn.execute(Q["take_lease"], taking).rowcount
         return seen_token + 1 if changed == 1 else None
