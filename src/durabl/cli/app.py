@@ -40,14 +40,25 @@ def build_parser() -> Parser:
     commands.required = True
     for add in _COMMANDS:
         add(commands)
+    commands.add_parser(
+        "bench",
+        help="the durability benchmark: SIGKILL agent runtimes, seal receipts, build the "
+        "leaderboard (durabl bench --help)",
+        add_help=False,
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``durabl`` command in ``argv`` (default: the process's); the exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["bench"]:  # its own command line, shared with ``python -m durabl.bench``
+        from durabl.bench.command import main as bench
+
+        return bench(args[1:])
     try:
-        return _run(build_parser().parse_args(argv))
+        return _run(build_parser().parse_args(args))
     except (UsageError, DurablError) as exc:
         print(f"durabl: {exc}", file=sys.stderr)
         return EXIT_USAGE

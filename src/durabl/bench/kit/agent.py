@@ -52,6 +52,7 @@ RECIPIENT = "reader@example.com"
 SHELL_SLEEP_S = 0.3
 """How long the shell tool's child runs; an EXEC kill lands while it does."""
 
+TAG_VARIABLE = "DURABL_BENCH_TAG"
 HELD = 3
 FAILED = 4
 
@@ -320,7 +321,11 @@ class Trial:
         usage = out["usage"]
         _append_line(
             self.effects / "tokens.log",
-            {"step": name, "pid": os.getpid(), "tokens": usage["prompt_tokens"] + usage["completion_tokens"]},
+            {
+                "step": name,
+                "pid": os.getpid(),
+                "tokens": usage["prompt_tokens"] + usage["completion_tokens"],
+            },
         )
         return out
 
@@ -385,7 +390,7 @@ class Trial:
             os.fsync(f.fileno())
         os.replace(tmp, self.effects / "verdict.json")
         lock.unlink()
-        self.announce("verified", matches=verdict["matches"])
+        self.announce("verified", matches=verdict["matches"], arrivals=self.arrivals)
         self.close()
         sys.exit(0)
 
@@ -411,13 +416,13 @@ class Trial:
 
     def held(self, reason: str) -> None:
         """The runtime stopped the run for an operator (dead-lettered): exit 3."""
-        self.announce("held", reason=reason)
+        self.announce("held", reason=reason, arrivals=self.arrivals)
         self.close()
         sys.exit(HELD)
 
     def failed(self, reason: str) -> None:
         """The runtime reports the run failed: exit 4."""
-        self.announce("failed", reason=reason)
+        self.announce("failed", reason=reason, arrivals=self.arrivals)
         self.close()
         sys.exit(FAILED)
 

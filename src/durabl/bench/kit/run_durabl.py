@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import agent  # noqa: E402
+import agent
 
 RUN_ID = "bench-run"
 
@@ -68,7 +68,9 @@ def main() -> None:
         return trial.run_step("send", {"to": to, "body": body}, key=idempotency_key)
 
     tools = {
-        "search_habitat": tool(step_tool("search_habitat"), name="search_habitat", mode="IDEMPOTENT"),
+        "search_habitat": tool(
+            step_tool("search_habitat"), name="search_habitat", mode="IDEMPOTENT"
+        ),
         "search_diet": tool(step_tool("search_diet"), name="search_diet", mode="IDEMPOTENT"),
         "ledger": tool(step_tool("ledger"), name="ledger", mode="AT_MOST_ONCE"),
         "shell": tool(step_tool("shell"), name="shell", mode="IDEMPOTENT"),

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import agent  # noqa: E402
+import agent
 
 
 def main() -> None:
