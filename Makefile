@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint imports bench chaos clean
+.PHONY: demo test lint imports bench bench-peers chaos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,9 +31,15 @@ bench: $(STAMP)
 	$(PY) -m bench.workers --out bench/results/workers.json
 	$(PY) -m bench.compaction --out bench/results/compaction.json
 
+# The durability benchmark over every runtime: builds each peer's virtualenv under .bench-venvs/
+# from bench/peers/*.txt, then kills them all (durabl bench --full-matrix).
+bench-peers: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	$(PY) scripts/bench_peers.py --out bench/results/durability
+
 # The full chaos grid (both death modes); scripts/chaos_report.py prints its table.
 chaos: $(STAMP)
 	DURABL_CHAOS=full $(PY) -m pytest tests/chaos -q --timeout=900
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info
+	rm -rf $(VENV) .bench-venvs build src/*.egg-info

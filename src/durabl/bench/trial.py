@@ -94,12 +94,14 @@ def run_process(
         "DURABL_BENCH_FD": str(write_fd),
         agent.TAG_VARIABLE: tag,
         "PYTHONDONTWRITEBYTECODE": "1",
+        "TMPDIR": str(root / "tmp"),  # what a runtime leaves in the temp folder goes with the trial
     }
     env.pop("DURABL_BENCH_KILL", None)
     if kill:
         env["DURABL_BENCH_KILL"] = kill
     if launch.service:
         env["DURABL_BENCH_SERVICE"] = launch.service
+    (root / "tmp").mkdir(exist_ok=True)
     stderr_path = root / f"process-{number}.stderr"
     spawned = time.monotonic()
     with open(stderr_path, "wb") as stderr:
