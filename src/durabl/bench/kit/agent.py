@@ -40,7 +40,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -433,14 +433,17 @@ class Trial:
 
     # help for adapters whose runtime persists in SQLite
 
-    def watch_sqlite_commits(self) -> None:
+    def watch_sqlite_commits(self, ignore_threads: Collection[str] = ()) -> None:
         """Arrive at WRITE on every COMMIT of a transaction that wrote, on every SQLite
         connection opened from now on: the kill lands after the step's rows are written and
-        before they are durable. Call it before the runtime opens its database."""
+        before they are durable. Call it before the runtime opens its database. Statements run
+        on a thread named in ``ignore_threads`` (a runtime's timed housekeeping) are left out."""
         trial = self
 
         def trace(connection_state: dict[str, bool]) -> Callable[[str], None]:
             def on_statement(sql: str) -> None:
+                if ignore_threads and threading.current_thread().name in ignore_threads:
+                    return
                 head = sql.lstrip().split(None, 1)[0].upper() if sql.strip() else ""
                 if head in ("INSERT", "UPDATE", "DELETE", "REPLACE", "UPSERT"):
                     connection_state["dirty"] = True
