@@ -65,6 +65,10 @@ def test_plain_loop_loses_and_durabl_does_not(small_run: Path) -> None:
     assert durabl["overhead_ms"] is not None and durabl["overhead_ms"] > 0
 
 
+def test_the_chart_is_drawn(small_run: Path) -> None:
+    assert (small_run / "leaderboard.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_durabl_holds_only_the_at_most_once_tool(small_run: Path) -> None:
     for path in seal.receipt_files(small_run / "receipts"):
         body = json.loads(path.read_text())["body"]

@@ -46,7 +46,7 @@ ADAPTERS = (
     Adapter(
         "langgraph-sync",
         "LangGraph (durability=sync)",
-        "SqliteSaver checkpoint written before each next step",
+        "SqliteSaver checkpoint after every node, before the next",
         "run_langgraph.py",
         "langgraph",
         ("--durability", "sync"),
@@ -54,7 +54,7 @@ ADAPTERS = (
     Adapter(
         "langgraph-async",
         "LangGraph (durability=async)",
-        "SqliteSaver checkpoint written while the next step runs",
+        "SqliteSaver checkpoint after every node, saved while the next runs",
         "run_langgraph.py",
         "langgraph",
         ("--durability", "async"),
@@ -62,18 +62,22 @@ ADAPTERS = (
     Adapter(
         "langgraph-exit",
         "LangGraph (durability=exit)",
-        "SqliteSaver checkpoint written when the graph exits",
+        "SqliteSaver checkpoint only when the graph exits",
         "run_langgraph.py",
         "langgraph",
         ("--durability", "exit"),
     ),
     Adapter(
-        "dbos", "DBOS Transact", "step outputs in a SQLite system database", "run_dbos.py", "dbos"
+        "dbos",
+        "DBOS Transact",
+        "each step's output recorded in a SQLite system database",
+        "run_dbos.py",
+        "dbos",
     ),
     Adapter(
         "letitloop",
         "letitloop",
-        "its own persistence (see the adapter)",
+        "append-only log file, fsync per step (@durable, step())",
         "run_letitloop.py",
         "letitloop",
     ),
@@ -88,7 +92,7 @@ ADAPTERS = (
     Adapter(
         "crewai",
         "CrewAI Flows (@persist)",
-        "flow state in SQLite after each method",
+        "a state snapshot in SQLite after each flow method",
         "run_crewai.py",
         "crewai",
     ),

@@ -445,13 +445,20 @@ class Trial:
                 if ignore_threads and threading.current_thread().name in ignore_threads:
                     return
                 head = sql.lstrip().split(None, 1)[0].upper() if sql.strip() else ""
-                if head in ("INSERT", "UPDATE", "DELETE", "REPLACE", "UPSERT"):
-                    connection_state["dirty"] = True
-                elif head in ("COMMIT", "END") and connection_state.get("dirty"):
-                    connection_state["dirty"] = False
-                    trial.arrive("WRITE")
+                if head in ("BEGIN", "SAVEPOINT"):
+                    connection_state["open"] = True
+                elif head in ("INSERT", "UPDATE", "DELETE", "REPLACE", "UPSERT"):
+                    # a write outside a transaction commits by itself, atomically: no instant
+                    # between its rows and its commit to kill at
+                    if connection_state.get("open"):
+                        connection_state["dirty"] = True
+                elif head in ("COMMIT", "END"):
+                    wrote = connection_state.get("dirty", False)
+                    connection_state.update(open=False, dirty=False)
+                    if wrote:
+                        trial.arrive("WRITE")
                 elif head == "ROLLBACK":
-                    connection_state["dirty"] = False
+                    connection_state.update(open=False, dirty=False)
 
             return on_statement
 
