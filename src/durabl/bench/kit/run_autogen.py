@@ -96,7 +96,9 @@ def main() -> None:
             )
             if not pending:
                 content: Any = json.dumps(agent.final_result(outputs), sort_keys=True)
-                return CreateResult(finish_reason="stop", content=content, usage=usage, cached=False)
+                return CreateResult(
+                    finish_reason="stop", content=content, usage=usage, cached=False
+                )
             self._calls += 1
             name = pending[0]
             call = FunctionCall(
@@ -105,7 +107,11 @@ def main() -> None:
                 arguments=json.dumps(agent.step_input(name, outputs)),
             )
             return CreateResult(
-                finish_reason="function_calls", content=[call], usage=usage, cached=False, thought=thought
+                finish_reason="function_calls",
+                content=[call],
+                usage=usage,
+                cached=False,
+                thought=thought,
             )
 
         def create_stream(self, messages: Any, **kwargs: Any) -> Any:
@@ -136,7 +142,11 @@ def main() -> None:
         @property
         def model_info(self) -> ModelInfo:
             return ModelInfo(
-                vision=False, function_calling=True, json_output=False, family="unknown", structured_output=False
+                vision=False,
+                function_calling=True,
+                json_output=False,
+                family="unknown",
+                structured_output=False,
             )
 
     def step(name: str, data: dict[str, Any], key: str | None = None) -> str:

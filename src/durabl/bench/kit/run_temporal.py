@@ -206,7 +206,9 @@ async def _answers(address: str) -> bool:
 
     try:
         client = await asyncio.wait_for(Client.connect(address), 5)
-        await client.workflow_service.describe_namespace(DescribeNamespaceRequest(namespace="default"))
+        await client.workflow_service.describe_namespace(
+            DescribeNamespaceRequest(namespace="default")
+        )
     except Exception:
         return False
     return True
