@@ -35,17 +35,17 @@ _COMMANDS: tuple[Callable[[Commands], None], ...] = (
 
 def build_parser() -> Parser:
     """The ``durabl`` parser with every command."""
-    parser = Parser(top=True, prog="durabl", description="Durable execution for Python LLM agents.")
+    parser = Parser(
+        top=True,
+        prog="durabl",
+        description="Durable execution for Python LLM agents.",
+        epilog="durabl bench: the durability benchmark, with a command line of its own "
+        "(durabl bench --help).",
+    )
     commands = parser.add_commands(dest="command", metavar="COMMAND")
     commands.required = True
     for add in _COMMANDS:
         add(commands)
-    commands.add_parser(
-        "bench",
-        help="the durability benchmark: SIGKILL agent runtimes, seal receipts, build the "
-        "leaderboard (durabl bench --help)",
-        add_help=False,
-    )
     return parser
 
 
@@ -53,10 +53,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``durabl`` command in ``argv`` (default: the process's); the exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["bench"]:  # its own command line, shared with ``python -m durabl.bench``
+    bench_args = _bench_arguments(args)
+    if bench_args is not None:  # its own command line, shared with ``python -m durabl.bench``
         from durabl.bench.command import main as bench
 
-        return bench(args[1:])
+        return bench(bench_args)
     try:
         return _run(build_parser().parse_args(args))
     except (UsageError, DurablError) as exc:
@@ -65,6 +66,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (``durabl show RUN | head``)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
+
+
+def _bench_arguments(args: list[str]) -> list[str] | None:
+    """What follows ``bench`` when it is the command (after any global options, which it does
+    not use), else None."""
+    i = 0
+    while i < len(args):
+        if args[i] in ("--db", "--import"):
+            i += 2
+        elif args[i] == "--json" or args[i].startswith(("--db=", "--import=")):
+            i += 1
+        else:
+            break
+    return args[i + 1 :] if args[i : i + 1] == ["bench"] else None
 
 
 def _run(args: argparse.Namespace) -> int:
