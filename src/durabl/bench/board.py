@@ -274,12 +274,39 @@ def markdown(board: dict[str, Any]) -> str:
         f"{board['receipts']} verified receipts; Python {env.get('python')} on {env.get('system')}, "
         f"{env.get('cpus')} CPUs. Rebuilt from the receipts by `durabl bench report`.",
         "",
+        *_overall(board["rows"]),
+        "",
+        "## Recovery by kill window",
+        "",
+        *_by_window(board["rows"]),
+        "",
+        "## Checks after the kill",
+        "",
+        *_checks(board["rows"]),
+    ]
+    if board["not_measured"]:
+        lines += ["", "## Not measured", ""]
+        lines += [f"- **{n['label']}** (`{n['id']}`): {n['reason']}" for n in board["not_measured"]]
+    lines += [
+        "",
+        "Failed counts runs the runtime reported failed, runs whose restarts kept crashing and "
+        "runs that ended with a wrong result. Per-step overhead is the time a runtime spends "
+        "outside the step bodies of a clean run, per step, minus the plain loop's "
+        f"{_num(board['plain_per_step_ms'], ' ms')}, medians of clean runs made in the same bench "
+        "run. Absolute times vary between machines and days; compare runtimes within one table.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _overall(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
         "| Runtime | Version | Durability mechanism | Crash recovery (95% CI) | Held / stalled / failed "
         "| Duplicated effects | Orphans | Resume latency median / p95 | Duplicate token waste "
         "| Steps re-run per kill | Per-step overhead vs plain | Import + init |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in board["rows"]:
+    for r in rows:
         low, high = r["recovery_ci95"]
         lines.append(
             f"| {r['label']} | {r['version'] or '–'} | {r['mechanism']} "
@@ -290,14 +317,12 @@ def markdown(board: dict[str, Any]) -> str:
             f"| {_pct(r['token_waste'])} | {_num(r['steps_rerun_per_kill'])} "
             f"| {_num(r['overhead_ms'], ' ms')} | {_num(r['import_ms'], ' ms')} + {_num(r['init_ms'], ' ms')} |"
         )
-    lines += [
-        "",
-        "## Recovery by kill window",
-        "",
-        "| Runtime | " + " | ".join(WINDOWS) + " |",
-        "|---|" + "---|" * len(WINDOWS),
-    ]
-    for r in board["rows"]:
+    return lines
+
+
+def _by_window(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["| Runtime | " + " | ".join(WINDOWS) + " |", "|---|" + "---|" * len(WINDOWS)]
+    for r in rows:
         cells = []
         for w in WINDOWS:
             c = r["windows"].get(w)
@@ -311,34 +336,22 @@ def markdown(board: dict[str, Any]) -> str:
                 f"{c['recovered']}/{c['kills']}" + (f" ({', '.join(notes)})" if notes else "")
             )
         lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
-    checks = []
-    for r in board["rows"]:
-        checks.append(
+    return lines
+
+
+def _checks(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| Runtime | Store whole after a WRITE kill | Verdict lock released after a VERIFY kill "
+        "| Tampered receipt rejected |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
             f"| {r['label']} | {r['store_checks'] - r['store_broken']}/{r['store_checks']} "
             f"| {r['lock_checks'] - r['locks_left']}/{r['lock_checks']} "
             f"| {r['tamper_rejected']}/{r['tamper_checks']} |"
         )
-    lines += [
-        "",
-        "## Checks after the kill",
-        "",
-        "| Runtime | Store whole after a WRITE kill | Verdict lock released after a VERIFY kill "
-        "| Tampered receipt rejected |",
-        "|---|---|---|---|",
-        *checks,
-    ]
-    if board["not_measured"]:
-        lines += ["", "## Not measured", ""]
-        lines += [f"- **{n['label']}** (`{n['id']}`): {n['reason']}" for n in board["not_measured"]]
-    lines += [
-        "",
-        "Per-step overhead is the time a runtime spends outside the step bodies of a clean run, "
-        f"per step, minus the plain loop's {_num(board['plain_per_step_ms'], ' ms')}, medians of "
-        "clean runs made in the same bench run. Absolute times vary between machines and days; "
-        "compare runtimes within one table.",
-        "",
-    ]
-    return "\n".join(lines)
+    return lines
 
 
 def write(board: dict[str, Any], out: Path) -> list[Path]:

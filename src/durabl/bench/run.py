@@ -24,7 +24,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,6 @@ class Options:
     key_file: Path | None = None
     keep_trials: bool = False
     quiet: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -241,108 +240,113 @@ class Progress:
 
 def run(options: Options, key: Key) -> str:
     """Run the bench; returns its id. Receipts land in ``options.out/receipts``."""
-    out = options.out
-    root = registry.venvs_root(options.venvs)
-    pythons: dict[str, str] = {}
-    unavailable: dict[str, str] = {}
-    calibrated = list(options.adapters)
-    if registry.BY_ID["plain"] not in calibrated:
-        calibrated.append(registry.BY_ID["plain"])
-    for adapter in calibrated:
-        python, reason = registry.python_of(adapter, root)
-        if python is None:
-            unavailable[adapter.id] = reason or "unavailable"
-        else:
-            pythons[adapter.id] = python
-    bench_run = uuid.uuid4().hex[:12]
-    writer = ReceiptWriter(out / "receipts", key, bench_run, options.describe())
-    work = out / "trials"
-    env = environment()
-    load = workload()
-    common = {"workload": load, "environment": env, "seed": options.seed}
-    progress = Progress(len(pythons) * options.calibration + options.kills, options.quiet)
+    bench = _Bench(options, key)
     try:
-        for adapter_id, reason in unavailable.items():
-            adapter = registry.BY_ID[adapter_id]
-            writer.write(
-                {
-                    "kind": "unavailable",
-                    "adapter": _adapter_info(adapter, None),
-                    "reason": reason,
-                    **common,
-                }
-            )
-        with contextlib.ExitStack() as stack:
-            launches: dict[str, trial.Launch] = {}
-            for adapter in calibrated:
-                if adapter.id not in pythons:
-                    continue
-                address = None
-                if adapter.service:
-                    try:
-                        address = stack.enter_context(service(adapter, pythons[adapter.id], work))
-                    except RuntimeError as exc:
-                        writer.write(
-                            {
-                                "kind": "unavailable",
-                                "adapter": _adapter_info(adapter, pythons[adapter.id]),
-                                "reason": str(exc),
-                                **common,
-                            }
-                        )
-                        continue
-                launches[adapter.id] = trial.Launch(adapter, pythons[adapter.id], address)
-            arrivals: dict[str, dict[str, int]] = {}
-            for adapter_id, launch in launches.items():
-                for i in range(options.calibration):
-                    result = _one(launch, work, None, options.keep_trials, f"cal-{adapter_id}-{i}")
-                    writer.write(
-                        {
-                            "kind": "calibration",
-                            "adapter": _adapter_info(launch.adapter, launch.python),
-                            "window": None,
-                            "kill_at": None,
-                            "number": i,
-                            **result,
-                            **common,
-                        }
-                    )
-                    counted = _arrivals_of(result)
-                    if counted is not None:
-                        arrivals.setdefault(adapter_id, counted)
-                    progress.step(f"calibrating {adapter_id}")
-            planned = plan_kills(
-                arrivals,
-                [a for a in options.adapters if a.id in launches],
-                options.windows,
-                options.kills,
-                options.seed,
-            )
-            progress.grow(len(planned) - options.kills)
-            for number, (adapter, window, n) in enumerate(planned):
-                launch = launches[adapter.id]
-                result = _one(
-                    launch, work, f"{window}:{n}", options.keep_trials, f"kill-{number:05d}"
-                )
-                body = {
-                    "kind": "trial",
-                    "adapter": _adapter_info(adapter, launch.python),
-                    "window": window,
-                    "kill_at": n,
-                    "arrivals": arrivals[adapter.id][window],
-                    "number": number,
-                    **result,
-                    **common,
-                }
-                if window == "VERIFY":
-                    body["tamper_rejected"] = seal.tamper_rejected(key, body)
-                writer.write(body)
-                progress.step(f"{adapter.id} {window}:{n}")
+        bench.report_unavailable()
+        with contextlib.ExitStack() as services:
+            launches = bench.launches(services)
+            arrivals = bench.calibrate(launches)
+            bench.kill(launches, arrivals)
     finally:
-        progress.close()
+        bench.progress.close()
         if not options.keep_trials:
-            shutil.rmtree(work, ignore_errors=True)
-    return bench_run
+            shutil.rmtree(bench.work, ignore_errors=True)
+    return bench.id
+
+
+class _Bench:
+    """One bench run's state: its receipts, the runtimes that can run, and its progress."""
+
+    def __init__(self, options: Options, key: Key) -> None:
+        self.options = options
+        self.key = key
+        self.id = uuid.uuid4().hex[:12]
+        self.writer = ReceiptWriter(options.out / "receipts", key, self.id, options.describe())
+        self.work = options.out / "trials"
+        self.common = {"workload": workload(), "environment": environment(), "seed": options.seed}
+        # the plain loop is always calibrated: per-step overhead is measured against it
+        self.calibrated = list(options.adapters)
+        if registry.BY_ID["plain"] not in self.calibrated:
+            self.calibrated.append(registry.BY_ID["plain"])
+        root = registry.venvs_root(options.venvs)
+        self.pythons: dict[str, str] = {}
+        self.unavailable: dict[str, str] = {}
+        for adapter in self.calibrated:
+            python, reason = registry.python_of(adapter, root)
+            if python is None:
+                self.unavailable[adapter.id] = reason or "unavailable"
+            else:
+                self.pythons[adapter.id] = python
+        total = len(self.pythons) * options.calibration + options.kills
+        self.progress = Progress(total, options.quiet)
+
+    def _receipt(self, kind: str, adapter: Adapter, **body: Any) -> dict[str, Any]:
+        python = self.pythons.get(adapter.id)
+        return self.writer.write(
+            {"kind": kind, "adapter": _adapter_info(adapter, python), **body, **self.common}
+        )
+
+    def report_unavailable(self) -> None:
+        for adapter_id, reason in self.unavailable.items():
+            self._receipt("unavailable", registry.BY_ID[adapter_id], reason=reason)
+
+    def launches(self, services: contextlib.ExitStack) -> dict[str, trial.Launch]:
+        """How to start each runtime that can run, its service started if it needs one."""
+        launches: dict[str, trial.Launch] = {}
+        for adapter in self.calibrated:
+            python = self.pythons.get(adapter.id)
+            if python is None:
+                continue
+            address = None
+            if adapter.service:
+                try:
+                    address = services.enter_context(service(adapter, python, self.work))
+                except RuntimeError as exc:
+                    self._receipt("unavailable", adapter, reason=str(exc))
+                    continue
+            launches[adapter.id] = trial.Launch(adapter, python, address)
+        return launches
+
+    def calibrate(self, launches: dict[str, trial.Launch]) -> dict[str, dict[str, int]]:
+        """Clean runs of every runtime; returns how often a clean run arrives at each window."""
+        arrivals: dict[str, dict[str, int]] = {}
+        for adapter_id, launch in launches.items():
+            for i in range(self.options.calibration):
+                result = _one(
+                    launch, self.work, None, self.options.keep_trials, f"cal-{adapter_id}-{i}"
+                )
+                self._receipt(
+                    "calibration", launch.adapter, window=None, kill_at=None, number=i, **result
+                )
+                counted = _arrivals_of(result)
+                if counted is not None:
+                    arrivals.setdefault(adapter_id, counted)
+                self.progress.step(f"calibrating {adapter_id}")
+        return arrivals
+
+    def kill(self, launches: dict[str, trial.Launch], arrivals: dict[str, dict[str, int]]) -> None:
+        """The trials: one SIGKILL each, at the planned arrival."""
+        options = self.options
+        measured = [a for a in options.adapters if a.id in launches]
+        planned = plan_kills(arrivals, measured, options.windows, options.kills, options.seed)
+        self.progress.grow(len(planned) - options.kills)
+        for number, (adapter, window, n) in enumerate(planned):
+            target = f"{window}:{n}"
+            result = _one(
+                launches[adapter.id], self.work, target, options.keep_trials, f"kill-{number:05d}"
+            )
+            body = {
+                "window": window,
+                "kill_at": n,
+                "arrivals": arrivals[adapter.id][window],
+                "number": number,
+                **result,
+            }
+            if window == "VERIFY":
+                probe = {"kind": "trial", "adapter": _adapter_info(adapter, None), **body}
+                body["tamper_rejected"] = seal.tamper_rejected(self.key, probe)
+            self._receipt("trial", adapter, **body)
+            self.progress.step(f"{adapter.id} {target}")
 
 
 def _one(

@@ -115,37 +115,9 @@ def run_process(
             start_new_session=True,
         )
     os.close(write_fd)
-    events: list[dict[str, Any]] = []
-    killed = stalled = False
-    buffer = b""
-    selector = selectors.DefaultSelector()
-    selector.register(read_fd, selectors.EVENT_READ)
-    deadline = spawned + PROCESS_LIMIT_S
     try:
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                stalled = True
-                proc.kill()
-                break
-            if not selector.select(timeout=remaining):
-                continue
-            chunk = os.read(read_fd, 65536)
-            if not chunk:
-                break
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                event = json.loads(line)
-                event["t"] = round(event["t"] - spawned, 6)
-                events.append(event)
-                if event["event"] == "kill":
-                    proc.send_signal(signal.SIGKILL)
-                    killed = True
-            if killed:
-                break
+        events, killed, stalled = _listen(proc, read_fd, spawned)
     finally:
-        selector.close()
         os.close(read_fd)
     code = proc.wait()
     record: dict[str, Any] = {
@@ -159,6 +131,38 @@ def run_process(
     if not killed and code not in (0, agent.HELD):
         record["stderr_tail"] = stderr_path.read_bytes()[-600:].decode(errors="replace")
     return record
+
+
+def _listen(
+    proc: subprocess.Popen[bytes], read_fd: int, spawned: float
+) -> tuple[list[dict[str, Any]], bool, bool]:
+    """Read the child's announcements until it exits; SIGKILL it the moment it announces the
+    kill, or when it outlives PROCESS_LIMIT_S. Returns (events, killed, stalled), each event's
+    time made relative to the spawn."""
+    events: list[dict[str, Any]] = []
+    buffer = b""
+    deadline = spawned + PROCESS_LIMIT_S
+    with selectors.DefaultSelector() as selector:
+        selector.register(read_fd, selectors.EVENT_READ)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                proc.kill()
+                return events, False, True
+            if not selector.select(timeout=remaining):
+                continue
+            chunk = os.read(read_fd, 65536)
+            if not chunk:
+                return events, False, False
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                event = json.loads(line)
+                event["t"] = round(event["t"] - spawned, 6)
+                events.append(event)
+                if event["event"] == "kill":
+                    proc.send_signal(signal.SIGKILL)
+                    return events, True, False
 
 
 def check_store(launch: Launch, root: Path) -> dict[str, Any]:
