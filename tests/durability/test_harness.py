@@ -136,3 +136,15 @@ def test_a_killed_shell_tool_leaves_an_orphan_only_without_a_runtime_that_reaps_
         if orphaned:  # the shell and the command it forked
             assert {o["cmd"].split()[0] for o in result["orphans"]} == {"sh", "sleep"}
         assert result["processes"][-1]["exit"] == 0  # and the run still finishes
+
+
+def test_the_committed_leaderboard_is_built_from_the_committed_receipts() -> None:
+    """bench/results/durability holds the last `make bench-peers`: its leaderboard must be what
+    the receipts beside it give, so no figure in it was typed or carried over. (Verifying the
+    seals needs the key of the machine that ran it; rebuilding needs only the receipts.)"""
+    results = Path(__file__).resolve().parents[2] / "bench" / "results" / "durability"
+    bodies = [json.loads(p.read_text())["body"] for p in seal.receipt_files(results / "receipts")]
+    built = board.build(bodies)
+    assert built == json.loads((results / "leaderboard.json").read_text())
+    assert board.markdown(built) == (results / "leaderboard.md").read_text()
+    assert built["kills"] == 500 and len(built["rows"]) == 10
