@@ -164,7 +164,7 @@ def plan_kills(
     seed: int,
 ) -> list[tuple[Adapter, str, int]]:
     """(adapter, window, arrival) for every kill: cells in a fixed order, kills dealt to them in
-    turn, arrivals inside a cell taken in turn from a seeded offset."""
+    turn, arrivals inside a cell spaced evenly from a seeded offset."""
     cells = [
         (adapter, window)
         for adapter in adapters
@@ -180,7 +180,11 @@ def plan_kills(
     for (adapter, window), count in zip(cells, counts, strict=True):
         n = arrivals[adapter.id][window]
         offset = rng.randrange(n)
-        per_cell.append([(adapter, window, 1 + (offset + i) % n) for i in range(count)])
+        # spaced evenly over the cell's arrivals: fewer kills than arrivals still reach every
+        # part of the run, more kills than arrivals reach each arrival about equally often
+        per_cell.append(
+            [(adapter, window, 1 + (offset + i * n // count) % n) for i in range(count)]
+        )
     # dealt round-robin, so that a slow drift of the machine touches every runtime alike
     return [kill for round_ in itertools.zip_longest(*per_cell) for kill in round_ if kill]
 
