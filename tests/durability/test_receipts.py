@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from durabl.bench import seal
 
 from .conftest import bench
+
+
+def one_kill(out: Path, **how: Any) -> subprocess.CompletedProcess[str]:
+    """The smallest bench run: one clean run and one kill of the plain loop."""
+    one = ("--runtimes", "plain", "--windows", "EXEC", "--kills", "1", "--calibration", "1")
+    return bench(*one, "--quiet", "--out", str(out), **how)
 
 
 def receipts(out: Path) -> list[Path]:
@@ -83,19 +91,7 @@ def test_a_receipt_from_another_run_is_rejected(
     run_copy: Path, tmp_path: Path, small_run: Path
 ) -> None:
     other = tmp_path / "other"
-    done = bench(
-        "--runtimes",
-        "plain",
-        "--windows",
-        "EXEC",
-        "--kills",
-        "1",
-        "--calibration",
-        "1",
-        "--quiet",
-        "--out",
-        str(other),
-    )
+    done = one_kill(other)
     assert done.returncode == 0, done.stderr
     target = receipts(run_copy)[0]
     target.write_bytes(receipts(other)[0].read_bytes())
@@ -121,21 +117,7 @@ def test_report_refuses_receipts_that_do_not_verify(run_copy: Path) -> None:
 def test_the_key_file_is_made_0600_outside_the_output_folder(tmp_path: Path) -> None:
     config = tmp_path / "config"
     out = tmp_path / "out"
-    done = bench(
-        "--runtimes",
-        "plain",
-        "--windows",
-        "PROMPT",
-        "--kills",
-        "1",
-        "--calibration",
-        "1",
-        "--quiet",
-        "--out",
-        str(out),
-        key=None,
-        env={"XDG_CONFIG_HOME": str(config)},
-    )
+    done = one_kill(out, key=None, env={"XDG_CONFIG_HOME": str(config)})
     assert done.returncode == 0, done.stderr
     key_file = config / "durabl" / "bench.key"
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
