@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+CHROMIUM := /usr/bin/chromium
+SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: demo test lint imports bench bench-peers chaos clean
 
@@ -15,8 +17,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) examples/research_agent.py --fresh
 
-test: imports
+test: imports $(CHROMIUM)
 	$(PY) -m pytest -q
+
+# The dashboard's tests drive the system's Chromium (Debian's package) through playwright.
+$(CHROMIUM):
+	$(SUDO) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium
 
 # The import contracts in pyproject.toml: who may import whom.
 imports: $(STAMP)

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ ARGUMENTS = {  # what a command needs besides its name, by its words
     "dlq cancel": ["dead"],
     "tick": ["--now", "99999999999"],
     "worker": ["--poll", "0.1"],
+    "ui": ["--port", "0"],
 }
 IMPORTING = {  # the commands that load the --import modules (the others only read)
     *("worker", "resume", "replay", "tick", "compact"),
@@ -78,6 +80,8 @@ class _Job:
         env = _env(tmp, DURABL_TEST_CALLS=str(self.calls))
         if self.name == "worker":
             done = _serve_until_settled(command, self.db, env)
+        elif self.name == "ui":
+            done = _ask_dashboard(command, env)
         else:
             done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=30)
         made = self.calls.read_text().splitlines() if self.calls.exists() else []
@@ -98,6 +102,23 @@ def _serve_until_settled(
         worker.send_signal(signal.SIGTERM)
         out, err = worker.communicate(timeout=30)
     return subprocess.CompletedProcess(command, worker.returncode, out, err)
+
+
+def _ask_dashboard(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The dashboard, asked for its run list once, then stopped with SIGTERM: its answer (not
+    its address, which differs per run) stands as its output."""
+    with subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as ui:
+        assert ui.stdout is not None
+        address = re.search(r"http://\S+/", ui.stdout.readline())
+        answer = ""
+        if address:
+            with urllib.request.urlopen(address.group(0) + "api/runs", timeout=10) as got:
+                answer = json.dumps(json.loads(got.read()), sort_keys=True)
+        ui.send_signal(signal.SIGTERM)
+        _, err = ui.communicate(timeout=30)
+    return subprocess.CompletedProcess(command, ui.returncode, answer, err)
 
 
 def _running(db: Path) -> bool:

@@ -30,6 +30,7 @@ _COMMANDS: tuple[Callable[[Commands], None], ...] = (
     examine.add_metrics,
     operate.add_compact,
     examine.add_doctor,
+    examine.add_ui,
 )
 
 

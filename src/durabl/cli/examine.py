@@ -5,7 +5,10 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -47,6 +50,61 @@ def add_doctor(commands: Commands) -> None:
         "row names a missing run. Exit 0 when healthy, 1 when damage was found.",
         read_only=True,
     )
+
+
+def add_ui(commands: Commands) -> None:
+    p = commands.add_command(
+        "ui",
+        _ui,
+        help="serve a read-only page that watches the runs (127.0.0.1)",
+        description="Serve the dashboard: the runs, and each run's steps as they happen, across "
+        "crashes and restarts. Read-only: the database is never migrated or written (SQLite "
+        "may leave empty -wal/-shm files beside it, as any reader can). Binds 127.0.0.1 unless "
+        "--host says otherwise; stop it with Ctrl-C or SIGTERM.",
+        read_only=True,
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument(
+        "--port", type=port, default=8765, help="port (default 8765; 0 picks a free one)"
+    )
+
+
+def _ui(args: argparse.Namespace) -> int:
+    from durabl.ui import server
+
+    try:
+        httpd = server.serve(args.db, host=args.host, port=args.port)
+    except FileNotFoundError:
+        raise UsageError(f"{args.db} does not exist") from None
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise UsageError(
+                f"port {args.port} on {args.host} is in use: choose another --port, or --port 0 "
+                "for a free one"
+            ) from None
+        raise UsageError(f"cannot serve on {args.host}:{args.port}: {exc.strerror}") from None
+    stopping = threading.Event()
+
+    def stop(*_: object) -> None:
+        if not stopping.is_set():
+            stopping.set()
+            threading.Thread(target=httpd.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        httpd.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        httpd.server_close()
+        httpd.reader.drop()
+    return EXIT_OK
+
+
+def port(text: str) -> int:
+    if not text.isdigit() or not 0 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is a number from 0 to 65535, got {text!r}")
+    return int(text)
 
 
 def _metrics(args: argparse.Namespace) -> int:

@@ -166,6 +166,14 @@ class SQLiteStore:
             found = rows.fetchall()
         return self._verified(run_id, found)
 
+    def last_step(self, run_id: str) -> int:
+        """The position of the run's newest step event (0 if none is left in the log): how
+        many steps it has reached, read from the end of the log, so its cost does not grow
+        with the log."""
+        with self._read() as conn:
+            found = conn.execute(Q["last_step"], {"run_id": run_id}).fetchone()
+        return int(found[0]) if found else 0
+
     def _verified(self, run_id: str, rows: list[sqlite3.Row]) -> list[Event]:
         log = []
         # ``load_log`` selects an event's columns in the order of its fields, then the crc:

@@ -34,6 +34,11 @@ VALUES (:run_id, :seq, :kind, :step, :fp, :data, :at_s, :crc, :fence);
 SELECT seq, kind, step, fp, data, at_s, crc FROM events
 WHERE run_id = :run_id AND seq > :after_seq ORDER BY seq;
 
+-- name: last_step
+-- The position of the run's newest step event: positions only grow, so this is its step count
+-- (less the steps folded into a snapshot), read from the end of the log, whatever its length.
+SELECT step FROM events WHERE run_id = :run_id AND step > 0 ORDER BY seq DESC LIMIT 1;
+
 -- name: update_run
 UPDATE runs SET
     status    = COALESCE(:status, status),

@@ -1,0 +1,382 @@
+// The dashboard page: polls the read-only API and folds each run's events into step cards.
+// A poll asks only for the events after the last seq it holds, and only the cards those events
+// touch are drawn again, so watching a long run costs what watching a short one does.
+"use strict";
+
+const RUN_POLL_MS = 500;
+const LIST_POLL_MS = 2000;
+const $ = (id) => document.getElementById(id);
+
+const list = { offset: 0, next: null, status: "", selected: null };
+let view = null; // the selected run's folded state
+let runTimer = null;
+
+function fresh(runId) {
+  return {
+    runId, lastSeq: 0, process: 0, live: false, row: null, compacted: 0, terminal: null,
+    cards: new Map(), nodes: new Map(), boundaries: 0, timers: new Map(),
+    retries: 0, reexecuted: 0, tokens: 0, dirty: new Set(), redrawAll: true,
+  };
+}
+
+// -- talking to the server ------------------------------------------------------------------
+
+async function getJSON(url) {
+  let response;
+  try {
+    response = await fetch(url, { cache: "no-store" });
+  } catch (err) {
+    throw new Error("dashboard server unreachable");
+  }
+  const body = await response.json().catch(() => ({ error: `HTTP ${response.status}` }));
+  if (!response.ok) {
+    const err = new Error(body.error || `HTTP ${response.status}`);
+    err.status = response.status;
+    throw err;
+  }
+  return body;
+}
+
+function health(text) {
+  $("health").textContent = text || "";
+}
+
+// -- the run list ---------------------------------------------------------------------------
+
+async function pollList() {
+  const q = new URLSearchParams({ offset: String(list.offset) });
+  if (list.status) q.set("status", list.status);
+  try {
+    const page = await getJSON(`/api/runs?${q}`);
+    health("");
+    drawList(page);
+  } catch (err) {
+    health(err.status === 503 || !err.status ? "database unavailable: " + err.message : err.message);
+  }
+}
+
+function age(seconds) {
+  const s = Math.max(0, Date.now() / 1000 - seconds);
+  if (s < 60) return `${Math.round(s)} s`;
+  if (s < 3600) return `${Math.round(s / 60)} min`;
+  if (s < 86400) return `${Math.round(s / 3600)} h`;
+  return `${Math.round(s / 86400)} d`;
+}
+
+function drawList(page) {
+  const body = $("runs").tBodies[0];
+  body.replaceChildren();
+  for (const run of page.runs) {
+    const tr = document.createElement("tr");
+    tr.setAttribute("aria-selected", String(run.run_id === list.selected));
+    const link = document.createElement("a");
+    link.href = `#run=${encodeURIComponent(run.run_id)}`;
+    link.textContent = run.run_id;
+    const cells = [link, run.status, run.workflow, String(run.steps), age(run.updated_s)];
+    for (const cell of cells) {
+      const td = document.createElement(cell === link ? "th" : "td");
+      if (cell === link) td.scope = "row";
+      td.append(cell);
+      tr.append(td);
+    }
+    body.append(tr);
+  }
+  if (!page.runs.length) {
+    const tr = body.insertRow();
+    const td = tr.insertCell();
+    td.colSpan = 5;
+    td.textContent = list.status ? `no ${list.status} runs` : "no runs yet";
+  }
+  list.next = page.next_offset;
+  $("older").disabled = page.next_offset === null;
+  $("newer").disabled = list.offset === 0;
+}
+
+// -- one run: folding its events --------------------------------------------------------------
+
+function describe(kind, data) {
+  if (!Array.isArray(data)) return kind;
+  const [what, ...rest] = data;
+  if (what === "model") return `model call: ${short(rest[0])}`;
+  if (what === "tool") return `tool ${rest[0]}(${short(rest[1])})`;
+  if (what === "sleep") return `sleep ${rest[0]} s`;
+  return `${what} ${short(rest)}`;
+}
+
+function short(value, n = 110) {
+  const text = typeof value === "string" ? value : JSON.stringify(value);
+  return text === undefined ? "" : text.length > n ? text.slice(0, n - 1) + "…" : text;
+}
+
+function card(v, step) {
+  let c = v.cards.get(step);
+  if (!c) {
+    c = { step, kind: "", text: `step ${step}`, state: "started", process: v.process,
+      doneProcess: 0, attempts: 0, note: "", error: "", retryAt: null, dueAt: null };
+    v.cards.set(step, c);
+    v.nodes.set(`s${step}`, null);
+  }
+  v.dirty.add(step);
+  return c;
+}
+
+function fold(v, e) {
+  const d = e.data;
+  switch (e.kind) {
+    case "RUN_STARTED":
+    case "RUN_RESUMED": {
+      v.process += 1;
+      v.boundaries += 1;
+      const who = d && d.pid ? `pid ${d.pid} on ${d.host}` : "a new process";
+      const label = e.kind === "RUN_STARTED"
+        ? `process 1 started the run (${who}) at ${clock(e.at_s)}`
+        : `process ${v.process} took over (${who}) at ${clock(e.at_s)}: the steps above it come from the log`;
+      v.nodes.set(`b${v.boundaries}`, { label, seq: e.seq });
+      v.redrawAll = true;
+      break;
+    }
+    case "STEP_STARTED": {
+      const c = card(v, e.step);
+      c.kind = Array.isArray(d) ? d[0] : "";
+      c.text = describe(e.kind, d);
+      if (c.attempts > 0 && c.process < v.process && c.state !== "done") {
+        v.reexecuted += 1;
+        // run again by a later process: its card moves below that process's boundary line
+        v.nodes.delete(`s${e.step}`);
+        v.nodes.set(`s${e.step}`, null);
+        v.redrawAll = true;
+      }
+      c.attempts += 1;
+      c.process = v.process;
+      c.state = "started";
+      break;
+    }
+    case "TOOL_DISPATCHED": card(v, e.step).state = "dispatched"; break;
+    case "STEP_COMPLETED": {
+      const c = card(v, e.step);
+      c.state = "done";
+      c.doneProcess = v.process;
+      c.note = short(d, 90);
+      const usage = d && typeof d === "object" && !Array.isArray(d) ? d.usage : null;
+      if (usage && typeof usage === "object") {
+        v.tokens += usage.total_tokens ?? ((usage.input_tokens ?? usage.prompt_tokens ?? 0)
+          + (usage.output_tokens ?? usage.completion_tokens ?? 0));
+      }
+      break;
+    }
+    case "STEP_RETRY": {
+      const c = card(v, e.step);
+      c.state = "retrying";
+      c.retryAt = d && d.retry_at_s;
+      c.error = short(d && d.error, 160);
+      v.retries += 1;
+      break;
+    }
+    case "STEP_FAILED": { const c = card(v, e.step); c.state = "failed"; c.error = short(d, 160); break; }
+    case "TIMER_ARMED": {
+      const c = card(v, e.step);
+      c.state = "waiting";
+      c.dueAt = d && d.fire_at_s;
+      v.timers.set(e.step, c.dueAt);
+      break;
+    }
+    case "TIMER_FIRED": {
+      const c = card(v, e.step);
+      c.state = "done";
+      c.doneProcess = v.process;
+      v.timers.delete(e.step);
+      break;
+    }
+    case "CTX_RECORDED": {
+      const c = card(v, e.step);
+      c.kind = "ctx";
+      c.text = `ctx value ${short(d, 60)}`;
+      c.state = "done";
+      c.doneProcess = v.process;
+      break;
+    }
+    case "DEAD_LETTERED": card(v, e.step).state = "dead"; break;
+    case "DLQ_REDRIVEN": card(v, e.step).note = "redriven by an operator"; break;
+    case "DLQ_RESOLVED": card(v, e.step).note = "resolved by an operator"; break;
+    case "RUN_COMPLETED":
+    case "RUN_FAILED":
+    case "RUN_CANCELLED":
+      v.terminal = e.kind;
+      break;
+    default:
+      break;
+  }
+  v.lastSeq = e.seq;
+}
+
+function clock(at_s) {
+  return at_s ? new Date(at_s * 1000).toLocaleTimeString() : "";
+}
+
+// -- one run: drawing ---------------------------------------------------------------------------
+
+const OPERATOR = (run) =>
+  `an operator decides: durabl dlq redrive ${run} (call it again), ` +
+  `durabl dlq resolve ${run} --result JSON (supply its result) or durabl dlq cancel ${run}`;
+
+function shown(v, c) {
+  const held = v.row && v.row.status === "HELD" && c.state !== "done";
+  if (held) return ["s-held", "held", v.row.error || "non-determinism"];
+  switch (c.state) {
+    case "done":
+      return c.doneProcess === v.process
+        ? ["s-done-here", "done in this process", c.note]
+        : ["s-done-log", "done, from the log", c.note];
+    case "started":
+      return v.live
+        ? ["s-running", "running", `attempt ${c.attempts}`]
+        : ["s-pending", "pending", "its process is gone; the next one to resume the run starts here"];
+    case "dispatched":
+      return ["s-dispatched", "dispatched: ambiguous window",
+        v.live ? "control is in the tool; a crash now cannot tell whether it ran"
+          : "the process died inside the tool: it ran zero or one times (IDEMPOTENT tools are called again, AT_MOST_ONCE ones dead-lettered)"];
+    case "retrying": return ["s-retrying", "retrying", `next attempt at ${clock(c.retryAt)}; ${c.error}`];
+    case "waiting": return ["s-waiting", "sleeping", `timer due at ${clock(c.dueAt)}`];
+    case "failed": return ["s-failed", "failed", c.error];
+    case "dead": return ["s-dead", "dead-lettered", OPERATOR(v.runId)];
+    default: return ["s-pending", c.state, ""];
+  }
+}
+
+function drawCard(v, c) {
+  const [cls, label, detail] = shown(v, c);
+  const li = document.createElement("li");
+  li.className = `card ${cls}`;
+  li.id = `step-${c.step}`;
+  li.dataset.state = label;
+  const head = document.createElement("header");
+  const h = document.createElement("h4");
+  h.textContent = `${c.step}. ${c.text}`;
+  const s = document.createElement("span");
+  s.className = "state";
+  s.textContent = label;
+  head.append(h, s);
+  li.append(head);
+  if (detail) {
+    const p = document.createElement("p");
+    p.textContent = detail;
+    li.append(p);
+  }
+  return li;
+}
+
+function drawBoundary(info) {
+  const li = document.createElement("li");
+  li.className = "boundary";
+  li.setAttribute("role", "separator");
+  li.setAttribute("aria-label", info.label);
+  li.textContent = info.label;
+  return li;
+}
+
+function drawRun(v) {
+  const ol = $("steps");
+  if (v.redrawAll) {
+    ol.replaceChildren();
+    for (const [key, info] of v.nodes) {
+      const node = key[0] === "b" ? drawBoundary(info) : drawCard(v, v.cards.get(Number(key.slice(1))));
+      v.nodes.set(key, key[0] === "b" ? { ...info, el: node } : node);
+      ol.append(node);
+    }
+  } else {
+    for (const step of v.dirty) {
+      const key = `s${step}`;
+      const old = v.nodes.get(key);
+      const node = drawCard(v, v.cards.get(step));
+      if (old) old.replaceWith(node); else ol.append(node);
+      v.nodes.set(key, node);
+    }
+  }
+  v.dirty.clear();
+  v.redrawAll = false;
+  drawSummary(v);
+}
+
+function drawSummary(v) {
+  const row = v.row;
+  $("run-title").textContent = `Run ${v.runId}`;
+  const bits = [row.status, row.workflow];
+  if (v.live && row.owner) bits.push(`driven by pid ${row.owner.pid}`);
+  if (v.compacted) bits.push(`seqs 1..${v.compacted} compacted into a snapshot`);
+  if (row.error) bits.push(row.error);
+  $("run-status").textContent = bits.join(" · ");
+  const steps = [...v.cards.values()].filter((c) => c.kind !== "ctx").length;
+  const figures = [["steps", steps], ["processes", v.process], ["retries", v.retries],
+    ["re-executed calls", v.reexecuted], ["tokens", v.tokens]];
+  const dl = $("metrics");
+  dl.replaceChildren();
+  for (const [name, value] of figures) {
+    const div = document.createElement("div");
+    const dt = document.createElement("dt");
+    dt.textContent = name;
+    const dd = document.createElement("dd");
+    dd.textContent = String(value);
+    div.append(dt, dd);
+    dl.append(div);
+  }
+  const ul = $("timers");
+  ul.replaceChildren();
+  for (const [step, due] of v.timers) {
+    const li = document.createElement("li");
+    li.textContent = `step ${step}: due at ${clock(due)}`;
+    ul.append(li);
+  }
+  $("timers-pane").hidden = v.timers.size === 0;
+}
+
+async function pollRun() {
+  const v = view;
+  if (!v) return;
+  try {
+    const answer = await getJSON(`/api/runs/${encodeURIComponent(v.runId)}?after=${v.lastSeq}`);
+    if (v !== view) return;
+    health("");
+    const liveBefore = v.live;
+    v.row = answer.run;
+    v.live = answer.run.live;
+    if (answer.compacted) v.compacted = answer.compacted;
+    for (const e of answer.events) fold(v, e);
+    if (v.live !== liveBefore || v.row.status === "HELD") v.redrawAll = true;
+    drawRun(v);
+    runTimer = setTimeout(pollRun, answer.more ? 0 : RUN_POLL_MS);
+  } catch (err) {
+    if (v !== view) return;
+    if (err.status === 404 || err.status === 400) {
+      $("run-title").textContent = "No such run";
+      $("run-status").textContent = err.message;
+      return; // nothing to poll
+    }
+    health("database unavailable: " + err.message);
+    runTimer = setTimeout(pollRun, RUN_POLL_MS);
+  }
+}
+
+function select() {
+  const match = /^#run=(.+)$/.exec(location.hash);
+  const runId = match ? decodeURIComponent(match[1]) : null;
+  list.selected = runId;
+  clearTimeout(runTimer);
+  view = runId ? fresh(runId) : null;
+  $("steps").replaceChildren();
+  $("metrics").replaceChildren();
+  $("run-status").textContent = "";
+  $("run-title").textContent = runId ? `Run ${runId}` : "Select a run";
+  if (view) pollRun();
+  pollList();
+}
+
+$("status").addEventListener("change", (e) => {
+  list.status = e.target.value;
+  list.offset = 0;
+  pollList();
+});
+$("older").addEventListener("click", () => { if (list.next !== null) { list.offset = list.next; pollList(); } });
+$("newer").addEventListener("click", () => { list.offset = Math.max(0, list.offset - 25); pollList(); });
+window.addEventListener("hashchange", select);
+select();
+setInterval(pollList, LIST_POLL_MS);

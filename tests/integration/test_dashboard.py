@@ -1,0 +1,228 @@
+"""The dashboard in a real browser (the system's Chromium, driven by playwright), watching a real
+agent process that is SIGKILLed inside a tool's ambiguous window and then restarted.
+
+The page must show the dispatched card while the killed process is gone, then a boundary line
+for each process and the completed run after the restart; it must load nothing from anywhere but
+the local server, stay readable at phone width, be usable from the keyboard, and say "database
+unavailable" while the file is gone rather than go blank. The server must never change the
+database's bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Page, sync_playwright
+
+AGENT = Path(__file__).with_name("sigkill_agent.py")
+RUN_ID = "courier-1"
+WAIT_MS = 15_000
+
+
+def agent(folder: Path, *crash: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(AGENT), str(folder / "agent.db"), str(folder / "outbox"),
+         str(folder / "calls"), *crash],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+class Dashboard:
+    def __init__(self, db: Path, *extra: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "durabl", "--db", str(db), "ui", "--port", "0", *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        found = re.search(r"http://127\.0\.0\.1:\d+/", line)
+        assert found, (line, self.proc.stderr.read() if self.proc.stderr else "")
+        self.url = found.group(0)
+
+    def get(self, path: str) -> tuple[int, dict]:
+        try:
+            with urllib.request.urlopen(self.url + path.lstrip("/"), timeout=5) as answer:
+                return answer.status, json.loads(answer.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.communicate(timeout=10)
+        return self.proc.returncode
+
+
+@pytest.fixture
+def killed(tmp_path: Path) -> Path:
+    """A run whose process was SIGKILLed after its first publish was dispatched."""
+    done = agent(tmp_path, "--crash-at", "after_tool_dispatched")
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    return tmp_path
+
+
+@pytest.fixture
+def browser_page() -> Iterator[tuple[Page, list[str]]]:
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        requests: list[str] = []
+        page.on("request", lambda request: requests.append(request.url))
+        try:
+            yield page, requests
+        finally:
+            browser.close()
+
+
+def test_a_run_killed_and_resumed_under_the_page(killed: Path, browser_page) -> None:
+    page, requests = browser_page
+    db = killed / "agent.db"
+    dashboard = Dashboard(db)
+    try:
+        page.goto(dashboard.url)
+        # the run list, reached from the keyboard
+        link = page.get_by_role("link", name=RUN_ID)
+        link.focus()
+        page.keyboard.press("Enter")
+        page.wait_for_selector("#step-2", timeout=WAIT_MS)
+        assert page.get_attribute("#step-2", "data-state") == "dispatched: ambiguous window"
+        assert "died inside the tool" in page.inner_text("#step-2")
+        assert page.get_attribute("#step-1", "data-state") == "done in this process"
+        page.screenshot(path=str(killed / "killed.png"), full_page=True)
+
+        # restarted in a new process while the page watches
+        restarted = agent(killed)
+        assert json.loads(restarted.stdout)["status"] == "COMPLETED", restarted.stderr
+        page.wait_for_selector("#run-status:has-text('COMPLETED')", timeout=WAIT_MS)
+        boundaries = page.locator(".boundary").all_inner_texts()
+        assert len(boundaries) == 2
+        assert boundaries[0].startswith("process 1 started the run")
+        assert boundaries[1].startswith("process 2 took over")
+        states = [c.get_attribute("data-state") for c in page.locator(".card").all()]
+        assert states == ["done, from the log", *["done in this process"] * 4]
+        # the step the killed process had dispatched runs again below the new boundary
+        order = page.eval_on_selector_all("#steps > li", "items => items.map(i => i.id || 'b')")
+        assert order == ["b", "step-1", "b", "step-2", "step-3", "step-4", "step-5"]
+        metrics = dict(zip(page.locator("#metrics dt").all_inner_texts(),
+                           page.locator("#metrics dd").all_inner_texts(), strict=True))  # fmt: skip
+        assert metrics["processes"] == "2" and metrics["re-executed calls"] == "1"
+        page.screenshot(path=str(killed / "dashboard.png"), full_page=True)
+        assert (killed / "dashboard.png").stat().st_size > 10_000
+
+        # readable on a phone: nothing wider than the window
+        page.set_viewport_size({"width": 390, "height": 800})
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390
+
+        # the file gone for a moment: the page says so and keeps what it drew
+        moved = db.rename(killed / "elsewhere.db")
+        page.wait_for_selector("#health:has-text('database unavailable')", timeout=WAIT_MS)
+        assert page.locator(".card").count() == 5
+        moved.rename(db)
+        page.wait_for_selector("#health:text-is('')", state="attached", timeout=WAIT_MS)
+    finally:
+        assert dashboard.stop() == 0
+    assert requests and all(url.startswith(dashboard.url) for url in requests), requests
+
+
+def test_the_server_never_writes(killed: Path) -> None:
+    db = killed / "agent.db"
+    before = digest(db)
+    dashboard = Dashboard(db)
+    try:
+        status, runs = dashboard.get("/api/runs?limit=1")
+        assert status == 200 and runs["runs"][0]["run_id"] == RUN_ID
+        status, run = dashboard.get(f"/api/runs/{RUN_ID}?after=0")
+        assert status == 200 and run["events"][0]["kind"] == "RUN_STARTED"
+        last = run["events"][-1]["seq"]
+        status, again = dashboard.get(f"/api/runs/{RUN_ID}?after={last}")
+        assert status == 200 and again["events"] == []  # only what comes after
+    finally:
+        assert dashboard.stop() == 0
+    assert digest(db) == before
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "says"),
+    [
+        ("/api/runs/nope", 404, "no run 'nope'"),
+        ("/api/runs?limit=abc", 400, "limit must be a whole number"),
+        ("/api/runs?limit=0", 400, "limit must be between 1 and 200"),
+        ("/api/runs?status=LOST", 400, "unknown status 'LOST'"),
+        (f"/api/runs/{RUN_ID}?after=-1", 400, "after must be a whole number"),
+        ("/nothing", 404, "nothing at /nothing"),
+    ],
+)
+def test_bad_requests_get_one_clear_message(
+    killed: Path, path: str, status: int, says: str
+) -> None:
+    dashboard = Dashboard(killed / "agent.db")
+    try:
+        got, body = dashboard.get(path)
+    finally:
+        dashboard.stop()
+    assert got == status and says in body["error"]
+
+
+def test_an_unknown_run_in_the_url_is_said_on_the_page(killed: Path, browser_page) -> None:
+    page, _ = browser_page
+    dashboard = Dashboard(killed / "agent.db")
+    try:
+        page.goto(dashboard.url + "#run=nope")
+        page.wait_for_selector("#run-title:text-is('No such run')", timeout=WAIT_MS)
+        assert "no run 'nope'" in page.inner_text("#run-status")
+    finally:
+        dashboard.stop()
+
+
+def run_ui(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "durabl", *args], capture_output=True, text=True, timeout=30
+    )
+
+
+def test_bad_databases_and_ports(tmp_path: Path, killed: Path) -> None:
+    missing = run_ui("--db", str(tmp_path / "none.db"), "ui", "--port", "0")
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    not_ours = tmp_path / "notes.txt"
+    not_ours.write_text("hello\n")
+    refused = run_ui("--db", str(not_ours), "ui", "--port", "0")
+    assert refused.returncode == 2 and refused.stderr.startswith("durabl: ")
+    assert not_ours.read_text() == "hello\n"
+    bad_port = run_ui("--db", str(killed / "agent.db"), "ui", "--port", "70000")
+    assert bad_port.returncode == 2 and "0 to 65535" in bad_port.stderr
+    first = Dashboard(killed / "agent.db")
+    try:
+        port = first.url.rsplit(":", 1)[1].strip("/")
+        taken = run_ui("--db", str(killed / "agent.db"), "ui", "--port", port)
+        assert taken.returncode == 2 and f"port {port} on 127.0.0.1 is in use" in taken.stderr
+    finally:
+        first.stop()
+    for done in (missing, refused, bad_port, taken):
+        assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+def test_a_non_loopback_bind_warns(killed: Path) -> None:
+    dashboard = subprocess.Popen(
+        [sys.executable, "-m", "durabl", "--db", str(killed / "agent.db"), "ui",
+         "--host", "0.0.0.0", "--port", "0"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert dashboard.stdout is not None
+        assert dashboard.stdout.readline().startswith("warning: serving on 0.0.0.0, not loopback")
+    finally:
+        dashboard.send_signal(signal.SIGTERM)
+        dashboard.communicate(timeout=10)
