@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(PY) -m bench.w40 --out bench/results/w40.json
 	$(PY) -m bench.workers --out bench/results/workers.json
 	$(PY) -m bench.compaction --out bench/results/compaction.json
+	$(PY) -m bench.dashboard --out bench/results/dashboard.json
 
 # The durability benchmark over every runtime: builds each peer's virtualenv under .bench-venvs/
 # from bench/peers/*.txt, then kills them all (durabl bench --full-matrix).
