@@ -115,6 +115,12 @@ function card(v, step) {
       doneProcess: 0, attempts: 0, note: "", error: "", retryAt: null, dueAt: null };
     v.cards.set(step, c);
     v.nodes.set(`s${step}`, null);
+  } else if (c.process < v.process) {
+    // a later process acted on it: its card moves below that process's boundary line
+    c.process = v.process;
+    v.nodes.delete(`s${step}`);
+    v.nodes.set(`s${step}`, null);
+    v.redrawAll = true;
   }
   v.dirty.add(step);
   return c;
@@ -136,18 +142,14 @@ function fold(v, e) {
       break;
     }
     case "STEP_STARTED": {
+      const prior = v.cards.get(e.step);
+      if (prior && prior.attempts > 0 && prior.process < v.process && prior.state !== "done") {
+        v.reexecuted += 1; // a call a dead process had begun, made again
+      }
       const c = card(v, e.step);
       c.kind = Array.isArray(d) ? d[0] : "";
       c.text = describe(e.kind, d);
-      if (c.attempts > 0 && c.process < v.process && c.state !== "done") {
-        v.reexecuted += 1;
-        // run again by a later process: its card moves below that process's boundary line
-        v.nodes.delete(`s${e.step}`);
-        v.nodes.set(`s${e.step}`, null);
-        v.redrawAll = true;
-      }
       c.attempts += 1;
-      c.process = v.process;
       c.state = "started";
       break;
     }
@@ -305,7 +307,7 @@ function drawSummary(v) {
   if (v.compacted) bits.push(`seqs 1..${v.compacted} compacted into a snapshot`);
   if (row.error) bits.push(row.error);
   $("run-status").textContent = bits.join(" · ");
-  const steps = [...v.cards.values()].filter((c) => c.kind !== "ctx").length;
+  const steps = v.cards.size; // ctx values take a step position too, as in the run list
   const figures = [["steps", steps], ["processes", v.process], ["retries", v.retries],
     ["re-executed calls", v.reexecuted], ["tokens", v.tokens]];
   const dl = $("metrics");
