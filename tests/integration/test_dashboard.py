@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import signal
 import subprocess
@@ -20,9 +21,12 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import Page, expect, sync_playwright
+
+from durabl import RetryPolicy, Runtime, ToolCall, tool, workflow
 
 AGENT = Path(__file__).with_name("sigkill_agent.py")
 RUN_ID = "courier-1"
@@ -226,3 +230,89 @@ def test_a_non_loopback_bind_warns(killed: Path) -> None:
     finally:
         dashboard.send_signal(signal.SIGTERM)
         dashboard.communicate(timeout=10)
+
+
+HERE = Path(__file__).resolve().parent
+
+
+def prepare_states(db: Path) -> None:
+    """A run in each state a card can show, from ``cli_agents`` (in a process of its own) and
+    one run waiting to retry a failed tool in an hour."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parents[1] / "src")])}
+    pairs = [
+        "sleeping:sleeping",
+        "dead_lettered:dead",
+        "held:held",
+        "failed:failed",
+        "costly:costly",
+    ]
+    subprocess.run(
+        [sys.executable, str(HERE / "cli_agents.py"), str(db), *pairs], env=env, check=True,
+        timeout=60,
+    )  # fmt: skip
+
+    def flaky(n: int) -> dict:
+        raise ConnectionError("the search service is down")
+
+    @workflow(name="retrying")
+    def retrying(ctx: Any) -> Any:
+        return (yield ToolCall("flaky", {"n": 1}))
+
+    policy = RetryPolicy(max_attempts=3, base_delay=3600)
+    with Runtime(db, tools={"flaky": tool(flaky, mode="IDEMPOTENT", retry=policy)}) as rt:
+        assert rt.run(retrying, {}, run_id="retrying").status == "SLEEPING"
+
+
+def test_every_card_state_is_drawn(tmp_path: Path, browser_page) -> None:
+    page, _ = browser_page
+    db = tmp_path / "states.db"
+    prepare_states(db)
+    dashboard = Dashboard(db)
+    try:
+
+        def cards(run_id: str) -> list[tuple[str | None, str]]:
+            page.goto(f"{dashboard.url}#run={run_id}")
+            page.wait_for_selector(f"#run-title:text-is('Run {run_id}')")
+            page.wait_for_selector("#steps .card")
+            page.wait_for_timeout(700)  # one more poll: the page has all there is
+            return [
+                (c.get_attribute("data-state"), c.inner_text()) for c in page.locator(".card").all()
+            ]
+
+        state, text = cards("sleeping")[-1]
+        assert state == "sleeping" and "timer due at" in text
+        assert page.locator("#timers-pane").is_visible()
+        assert "due at" in page.inner_text("#timers")
+
+        state, text = cards("dead")[-1]
+        assert state == "dead-lettered"
+        assert "durabl dlq redrive dead" in text and "durabl dlq resolve dead" in text
+        assert "durabl dlq cancel dead" in text
+
+        state, text = cards("held")[-1]
+        assert state == "held" and "NonDeterminismError" in text and "was recorded as" in text
+
+        state, _ = cards("failed")[-1]
+        assert state == "failed"
+
+        state, text = cards("retrying")[-1]
+        assert (
+            state == "retrying" and "next attempt at" in text and "search service is down" in text
+        )
+
+        cards("costly")
+        metrics = dict(zip(page.locator("#metrics dt").all_inner_texts(),
+                           page.locator("#metrics dd").all_inner_texts(), strict=True))  # fmt: skip
+        assert int(metrics["tokens"]) > 0
+
+        # the run list: filtered by status, and read in light and dark
+        page.goto(dashboard.url)
+        page.select_option("#status", "DEAD_LETTERED")
+        expect(page.locator("#runs tbody tr")).to_have_count(1, timeout=WAIT_MS)
+        expect(page.locator("#runs tbody tr")).to_contain_text("DEAD_LETTERED")
+        light = page.evaluate("getComputedStyle(document.body).backgroundColor")
+        page.emulate_media(color_scheme="dark")
+        dark = page.evaluate("getComputedStyle(document.body).backgroundColor")
+        assert light != dark
+    finally:
+        dashboard.stop()

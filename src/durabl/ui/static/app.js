@@ -170,11 +170,11 @@ function fold(v, e) {
       const c = card(v, e.step);
       c.state = "retrying";
       c.retryAt = d && d.retry_at_s;
-      c.error = short(d && d.error, 160);
+      c.error = failure(d);
       v.retries += 1;
       break;
     }
-    case "STEP_FAILED": { const c = card(v, e.step); c.state = "failed"; c.error = short(d, 160); break; }
+    case "STEP_FAILED": { const c = card(v, e.step); c.state = "failed"; c.error = failure(d); break; }
     case "TIMER_ARMED": {
       const c = card(v, e.step);
       c.state = "waiting";
@@ -211,6 +211,13 @@ function fold(v, e) {
   v.lastSeq = e.seq;
 }
 
+function failure(d) {
+  if (d && typeof d === "object" && d.error_type) {
+    return short(`${d.error_type}: ${d.message ?? ""}` + (d.attempt ? ` (attempt ${d.attempt})` : ""), 200);
+  }
+  return short(d, 200);
+}
+
 function clock(at_s) {
   return at_s ? new Date(at_s * 1000).toLocaleTimeString() : "";
 }
@@ -222,8 +229,6 @@ const OPERATOR = (run) =>
   `durabl dlq resolve ${run} --result JSON (supply its result) or durabl dlq cancel ${run}`;
 
 function shown(v, c) {
-  const held = v.row && v.row.status === "HELD" && c.state !== "done";
-  if (held) return ["s-held", "held", v.row.error || "non-determinism"];
   switch (c.state) {
     case "done":
       return c.doneProcess === v.process
@@ -296,7 +301,35 @@ function drawRun(v) {
   }
   v.dirty.clear();
   v.redrawAll = false;
+  drawHeld(v, ol);
   drawSummary(v);
+}
+
+// A held run's code yields something the log does not hold; nothing of it was written, so its
+// card is drawn from the run's status and its error, which names the step and the difference.
+function drawHeld(v, ol) {
+  let li = document.getElementById("held");
+  if (v.row.status !== "HELD") {
+    if (li) li.remove();
+    return;
+  }
+  if (!li) {
+    li = document.createElement("li");
+    li.id = "held";
+    li.className = "card s-held";
+    li.dataset.state = "held";
+    const head = document.createElement("header");
+    const h = document.createElement("h4");
+    h.textContent = "held on non-determinism";
+    const s = document.createElement("span");
+    s.className = "state";
+    s.textContent = "held";
+    head.append(h, s);
+    const p = document.createElement("p");
+    li.append(head, p);
+  }
+  li.querySelector("p").textContent = v.row.error || "held for an operator";
+  ol.append(li);
 }
 
 function drawSummary(v) {
