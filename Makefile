@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) examples/research_agent.py --fresh
+	$(PY) scripts/demo.py
 
 test: imports $(CHROMIUM)
 	$(PY) -m pytest -q

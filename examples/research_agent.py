@@ -181,8 +181,10 @@ def print_log_table(rt: Runtime, drove: bool) -> None:
 # -- driving the run --------------------------------------------------------------------------
 
 
-def drive(rt: Runtime) -> tuple[str, bool]:
-    """Start (or pick up) the run, then wait out its timer and fire it.
+def drive(rt: Runtime, wait: bool = True) -> tuple[str, bool]:
+    """Start (or pick up) the run, then wait out its timer and fire it (unless ``wait`` is
+    false: then a run left sleeping is left to a later process, which fires its timer once it
+    is due).
 
     Returns the run's status and whether this process ran the workflow at all (it does not
     when it finds the run already finished, or stopped for an operator).
@@ -201,7 +203,7 @@ def drive(rt: Runtime) -> tuple[str, bool]:
             f"  run(): replayed {state.steps_replayed} steps from the log, "
             f"executed {state.steps_executed}; now {state.status}"
         )
-    while state.status == events.SLEEPING and state.wake_at_s is not None:
+    while wait and state.status == events.SLEEPING and state.wake_at_s is not None:
         wait_s = max(0.0, state.wake_at_s - time.time())
         print(f"  durable timer: due in {wait_s:.1f} s (interrupt now and the deadline is kept)")
         time.sleep(wait_s)
@@ -240,6 +242,11 @@ def main(argv: list[str] | None = None) -> int:
         help=f"pause inside each tool call (default {STEP_DELAY_S})",
     )
     parser.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="leave the run sleeping on its durable timer and exit; run again once it is due",
+    )
+    parser.add_argument(
         "--email-delay",
         type=float,
         default=None,
@@ -257,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     tools = make_tools(outbox, args.step_delay, email_delay_s)
     try:
         with Runtime(args.db, llm=stub_model, tools=tools) as rt:
-            status, drove = drive(rt)
+            status, drove = drive(rt, wait=not args.no_wait)
             print_log_table(rt, drove)
             state = rt.state(RUN_ID)
     except KeyboardInterrupt:
@@ -273,6 +280,10 @@ def main(argv: list[str] | None = None) -> int:
     if state.error:
         print(f"error: {state.error}")
     print(f"outbox {args.outbox}: {len(outbox.lines())} line(s)")
+    if status == events.SLEEPING and args.no_wait and state.wake_at_s is not None:
+        due = time.strftime("%H:%M:%S", time.localtime(state.wake_at_s))
+        print(f"the run sleeps on its durable timer until {due}; run again after that")
+        return 0
     return 0 if status == events.COMPLETED else 1
 
 
