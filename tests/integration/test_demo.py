@@ -31,6 +31,9 @@ def test_the_demo_kills_resumes_and_sends_once(kill_after: int, tmp_path: Path) 
     third = out.split("== process 3")[1].split("== durabl show")[0]
     assert "now COMPLETED" in third
     assert third.count("process boundary: pid") == 2  # one line per boundary
+    trace = out.split("== durabl show --trace")[1]
+    assert "3 processes, boundaries at seq" in trace
+    assert "PROCESS" in trace and re.search(rf"\n{kill_after}\s+replayed\s+2\s", trace)
     assert "1 line(s): one email, whatever was killed" in out
     assert len((tmp_path / "outbox.log").read_text().splitlines()) == 1
 

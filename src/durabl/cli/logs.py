@@ -8,6 +8,7 @@ runs the workflow code against a runtime on one, which executes nothing.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -186,24 +187,43 @@ def _trace(args: argparse.Namespace, run: _Loaded) -> None:
         else:
             how = "executed"
         about = replay.describe_record(rec)
+        # the process that recorded its outcome: 1 for the first, +1 at every RUN_RESUMED
+        process = bisect.bisect_right(history.resumed_at, rec.done_seq) + 1 if rec.done else None
         steps.append(
-            {"position": position, "step": rec.canonical, "description": about, "how": how}
+            {
+                "position": position,
+                "step": rec.canonical,
+                "description": about,
+                "how": how,
+                "process": process,
+            }
         )
     payload = {
         "run_id": run.row.run_id,
         "status": run.row.status,
         "processes": len(history.resumed_at) + 1,
         "last_resumed_seq": boundary or None,
+        "boundaries": list(history.resumed_at),
         "watermark": run.watermark,
         "steps": steps,
     }
-    table = [[str(s["position"]), str(s["how"]), short(s["description"])] for s in steps]
+    table = [
+        [str(s["position"]), str(s["how"]), str(s["process"] or "-"), short(s["description"])]
+        for s in steps
+    ]
     head = headline(run.row) + "; "
-    head += f"last process took over at seq {boundary}" if boundary else "one process"
+    if boundary:
+        seqs = ", ".join(str(seq) for seq in history.resumed_at)
+        head += (
+            f"last process took over at seq {boundary}; "
+            f"{len(history.resumed_at) + 1} processes, boundaries at seq {seqs}"
+        )
+    else:
+        head += "one process"
     parts: list[str | Grid] = [head]
     if run.watermark:
         parts.append(run.compacted)
-    emit(args, payload, *parts, Grid(["STEP", "HOW", "DESCRIPTION"], table))
+    emit(args, payload, *parts, Grid(["STEP", "HOW", "PROCESS", "DESCRIPTION"], table))
 
 
 def _replay(args: argparse.Namespace) -> int:
