@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 CHROMIUM := /usr/bin/chromium
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint imports bench bench-peers chaos clean
+.PHONY: demo test lint imports bench bench-peers chaos numbers clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,11 @@ bench: $(STAMP)
 bench-peers: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) scripts/bench_peers.py --out bench/results/durability
+
+# Every figure the README quotes: collected into docs/numbers.json, rendered into README.md.
+numbers: $(STAMP)
+	$(PY) scripts/collect_numbers.py
+	$(PY) scripts/build_readme.py
 
 # The full chaos grid (both death modes); scripts/chaos_report.py prints its table.
 chaos: $(STAMP)

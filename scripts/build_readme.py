@@ -1,0 +1,104 @@
+"""Render README.md from ``docs/README.template.md`` and ``docs/numbers.json``.
+
+    python scripts/build_readme.py          # write README.md
+    python scripts/build_readme.py --check  # exit 1 if README.md is not what it would write
+
+The template holds ``{{ path.to.figure }}`` for single figures (looked up in numbers.json) and
+``{{ table:NAME }}`` for the generated tables. No figure in the README is typed by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+TEMPLATE = REPO / "docs" / "README.template.md"
+NUMBERS = REPO / "docs" / "numbers.json"
+README = REPO / "README.md"
+PLACEHOLDER = re.compile(r"\{\{\s*([\w.:]+)\s*\}\}")
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.1f}%"
+
+
+def _ms(x: float | None) -> str:
+    return "–" if x is None else (f"{x:,.0f} ms" if x >= 100 else f"{x:.2f} ms")
+
+
+def leaderboard_table(numbers: dict[str, Any]) -> str:
+    lines = [
+        "| Runtime | Crash recovery (95% CI) | Duplicated effects | Held for an operator "
+        "| Orphans | Resume latency (median) | Duplicate token waste | Per-step overhead vs plain |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in numbers["leaderboard"]["rows"]:
+        low, high = r["recovery_ci95"]
+        lines.append(
+            f"| {r['label']} {r['version'] or ''} "
+            f"| {r['recovered']}/{r['kills']} = {_pct(r['recovery_rate'])} ({_pct(low)}–{_pct(high)}) "
+            f"| {r['duplicate_effects']} | {r['held']} | {r['orphans']} "
+            f"| {_ms(r['resume_ms_median'])} | {_pct(r['token_waste'])} | {_ms(r['overhead_ms'])} |"
+        )
+    return "\n".join(lines)
+
+
+def negative_control_table(numbers: dict[str, Any]) -> str:
+    lines = ["| Broken runtime | Its bug | Caught |", "|---|---|---|"]
+    for row in numbers["negative_control"]["rows"]:
+        lines.append(
+            f"| {row['variant']} | {row['bug']} | {row['flagged']} of {row['scenarios']} |"
+        )
+    return "\n".join(lines)
+
+
+TABLES: dict[str, Callable[[dict[str, Any]], str]] = {
+    "leaderboard": leaderboard_table,
+    "negative_control": negative_control_table,
+}
+
+
+def _figure(numbers: dict[str, Any], path: str) -> str:
+    value: Any = numbers
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise KeyError(f"docs/numbers.json has no {path!r}")
+        value = value[part]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    return f"{value:,}" if isinstance(value, int) else f"{value:g}"
+
+
+def render(template: str, numbers: dict[str, Any]) -> str:
+    def one(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name.startswith("table:"):
+            return TABLES[name.removeprefix("table:")](numbers)
+        return _figure(numbers, name)
+
+    return PLACEHOLDER.sub(one, template)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true", help="compare instead of writing")
+    args = parser.parse_args(argv)
+    text = render(TEMPLATE.read_text(), json.loads(NUMBERS.read_text()))
+    if args.check:
+        if README.read_text() != text:
+            print("README.md differs from the template and docs/numbers.json: run make numbers")
+            return 1
+        return 0
+    README.write_text(text)
+    print(f"wrote {README}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
