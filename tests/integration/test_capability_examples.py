@@ -1,0 +1,116 @@
+"""The three capability examples, run as real processes: each must exit 0 and leave the world
+(its files in ``--dir``) in the state it claims.
+
+- ``at_most_once.py``: SIGKILLed inside an AT_MOST_ONCE charge, the run is dead-lettered,
+  resolved with the recorded charge, and completes; the ledger holds exactly one charge.
+- ``retries.py``: a flaky tool succeeds on its fourth attempt after backoffs that grow (read
+  from the delays durabl scheduled, not from how long anything took), and a tool that never
+  recovers ends in the workflow's fallback.
+- ``workers.py``: twelve runs on three worker processes, one SIGKILLed; every run completes and
+  every (run, step) effect is in the effects file exactly once.
+
+The examples check themselves too; these tests check the files and the database independently
+of the examples' own verdicts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+from durabl import Runtime, events
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+TIMEOUT_S = 120
+
+
+def run_example(name: str, folder: Path) -> str:
+    """Run ``examples/NAME --dir FOLDER`` from the repository root; its stdout on exit 0."""
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), "--dir", str(folder)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert done.returncode == 0, f"{name} exited {done.returncode}\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def jsonl(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+def test_at_most_once_charges_once_and_resolves(tmp_path: Path) -> None:
+    out = run_example("at_most_once.py", tmp_path)
+    assert "killed with SIGKILL" in out
+    assert "rt.run() -> DEAD_LETTERED" in out
+    assert "checkout-1042  checkout  2" in out  # the `durabl dlq` listing
+    assert "rt.resolve() -> COMPLETED" in out
+
+    charges = jsonl(tmp_path / "ledger.jsonl")
+    assert len(charges) == 1
+    assert charges[0]["key"] == "charge-1042"
+    assert len(jsonl(tmp_path / "outbox.jsonl")) == 1
+
+    with Runtime(tmp_path / "checkout.db") as rt:
+        assert rt.state("checkout-1042").status == events.COMPLETED
+        assert rt.result("checkout-1042")["charge"]["charge_id"] == charges[0]["charge_id"]
+        kinds = [e.kind for e in rt.store.load_log("checkout-1042")]
+        assert rt.metrics("checkout-1042").dead_letters == 1
+    assert kinds.count(events.DEAD_LETTERED) == 1
+    assert kinds.count(events.DLQ_RESOLVED) == 1
+    assert kinds.count(events.TOOL_DISPATCHED) == 2  # the charge once, the receipt once
+
+
+def test_retries_back_off_durably_and_fall_back(tmp_path: Path) -> None:
+    out = run_example("retries.py", tmp_path)
+    assert out.count("run parked SLEEPING") == 5
+
+    attempts = jsonl(tmp_path / "attempts.jsonl")
+    forecast = [a["outcome"] for a in attempts if a["api"] == "fetch_forecast"]
+    quote = [a["outcome"] for a in attempts if a["api"] == "fetch_quote"]
+    assert forecast == ["ConnectionError"] * 3 + ["ok"]
+    assert quote == ["TimeoutError"] * 3
+
+    backoffs = [
+        float(delay)
+        for delay in re.findall(r"fetch_forecast\s+after attempt \d: next attempt ([\d.]+) s", out)
+    ]
+    assert len(backoffs) == 3
+    assert backoffs[0] < backoffs[1] < backoffs[2]
+
+    assert "retries=5 failed_steps=1" in out
+    with Runtime(tmp_path / "retries.db") as rt:
+        result = rt.result("weather-report")
+        retries = [e for e in rt.store.load_log("weather-report") if e.kind == events.STEP_RETRY]
+    assert result["forecast"]["sky"] == "sunny"
+    assert result["quote"]["gave_up_after"] == 3
+    assert "quote service is down" in result["quote"]["text"]
+    assert len(retries) == 5
+
+
+def test_workers_complete_every_run_once_despite_a_kill(tmp_path: Path) -> None:
+    out = run_example("workers.py", tmp_path)
+    killed = re.search(r"killed (w\d) \(pid (\d+)\) with SIGKILL", out)
+    assert killed is not None
+    assert "every run COMPLETED" in out
+    assert out.count("exited 0: worker stopped") == 2
+    assert "taken over after the kill" in out
+
+    effects = [line.split("\t") for line in (tmp_path / "effects.tsv").read_text().splitlines()]
+    per_step = Counter((run_id, item) for _key, run_id, item, _pid in effects)
+    assert len(per_step) == 12 * 4
+    assert set(per_step.values()) == {1}
+    pids = {pid for *_rest, pid in effects}
+    assert killed.group(2) in pids  # the killed worker did some of the work
+    assert len(pids) >= 2
+
+    with Runtime(tmp_path / "jobs.db") as rt:
+        statuses = {f"job-{n:02d}": rt.state(f"job-{n:02d}").status for n in range(1, 13)}
+    assert set(statuses.values()) == {events.COMPLETED}
