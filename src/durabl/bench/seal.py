@@ -218,16 +218,16 @@ def verify(out: Path, key: Key) -> Verified:
     ]
     problems += [f"{n}: not in the manifest: added after sealing" for n in sorted(names - expected)]
     receipts: list[dict[str, Any]] = []
-    prev = ""
+    prev: str | None = ""  # the seal the next receipt must name; None after a gap in the chain
     for i in range(1, count + 1):
         name = receipt_name(i)
         if name not in names:
-            prev = None  # type: ignore[assignment]
+            prev = None
             continue
         body, problem = _open((folder / name).read_bytes(), key, name)
         if body is None:
             problems.append(problem or name)
-            prev = None  # type: ignore[assignment]
+            prev = None
             continue
         if body.get("bench_run") != run:
             problems.append(f"{name}: belongs to bench run {body.get('bench_run')}, not {run}")

@@ -15,7 +15,7 @@ from dataclasses import asdict
 
 from durabl import events
 from durabl.cli.opening import read_store
-from durabl.cli.options import EXIT_FAILED, EXIT_OK, OPTIONAL, Commands, UsageError
+from durabl.cli.options import EXIT_FAILED, EXIT_OK, OPTIONAL, Commands, UsageError, port
 from durabl.cli.render import Grid, console, emit, headline
 from durabl.metrics import Metrics, of_run
 from durabl.store import doctor
@@ -99,12 +99,6 @@ def _ui(args: argparse.Namespace) -> int:
         httpd.server_close()
         httpd.reader.drop()
     return EXIT_OK
-
-
-def port(text: str) -> int:
-    if not text.isdigit() or not 0 <= int(text) <= 65535:
-        raise argparse.ArgumentTypeError(f"a port is a number from 0 to 65535, got {text!r}")
-    return int(text)
 
 
 def _metrics(args: argparse.Namespace) -> int:

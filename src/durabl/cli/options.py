@@ -133,6 +133,14 @@ def whole(text: str) -> int:
     return value
 
 
+def port(text: str) -> int:
+    """An argument type: a TCP port, 0 (any free one) to 65535."""
+    value = whole(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"a port is a number from 0 to 65535, got {text}")
+    return value
+
+
 def positive_whole(text: str) -> int:
     """An argument type: a whole number, 1 or more."""
     value = whole(text)

@@ -20,6 +20,7 @@ import os
 import re
 import sys
 import threading
+import time
 from dataclasses import asdict
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -267,8 +268,6 @@ def serve(
 ) -> DashboardServer:
     """Bind the dashboard for ``db`` and return the server (call ``serve_forever``). Raises
     the store's error for a database it cannot open, and OSError for a port in use."""
-    import time
-
     if not os.path.exists(db):
         raise FileNotFoundError(db)
     reader = Reader(db)

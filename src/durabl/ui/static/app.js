@@ -287,7 +287,7 @@ function drawRun(v) {
     ol.replaceChildren();
     for (const [key, info] of v.nodes) {
       const node = key[0] === "b" ? drawBoundary(info) : drawCard(v, v.cards.get(Number(key.slice(1))));
-      v.nodes.set(key, key[0] === "b" ? { ...info, el: node } : node);
+      if (key[0] !== "b") v.nodes.set(key, node);
       ol.append(node);
     }
   } else {
