@@ -92,7 +92,11 @@ def effect_counts(world: World) -> dict[tuple[str, str], int]:
 
 
 def last_started_tool(db: Path, run_id: str) -> str | None:
+    """The tool whose call the log shows in flight (started, no outcome), if any. An
+    IDEMPOTENT tool with a derived key shows none: its opening commits with its outcome."""
     for row in reversed(event_rows(db, run_id)):
+        if row[2] in ("STEP_COMPLETED", "STEP_FAILED"):
+            return None
         if row[2] == "STEP_STARTED":
             canonical = codec.decode(row[5])
             return canonical[1] if canonical[0] == "tool" else None

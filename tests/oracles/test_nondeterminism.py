@@ -223,20 +223,25 @@ def test_a_workflow_that_got_longer_simply_continues(
 def test_a_step_interrupted_mid_flight_is_still_matched_by_fingerprint(
     db: Path, clock: Clock, world: World, runtime: Any
 ) -> None:
-    def third_changed(ctx: Any, to: str) -> Any:
-        plan = yield ModelCall(f"plan for {to}")
-        a = yield ToolCall("send", {"to": to, "body": "one"})
-        b = yield ToolCall("send", {"to": to, "body": "three"})
-        return [plan, a, b]
+    # The third step holds an explicit key, so its opening (with the key's claim) commits
+    # before the call, and a death during the call leaves it in the log.
+    def keyed(body: str) -> Any:
+        def flow(ctx: Any, to: str) -> Any:
+            plan = yield ModelCall(f"plan for {to}")
+            a = yield ToolCall("send", {"to": to, "body": "one"})
+            b = yield ToolCall("send", {"to": to, "body": body}, idempotency_key="third")
+            return [plan, a, b]
 
-    rt = runtime({NAME: original})
-    assert crash(crashpoints.AFTER_STEP_STARTED, 3, lambda: rt.start(NAME, {"to": TO}, run_id="nd"))
+        return flow
+
+    rt = runtime({NAME: keyed("two")})
+    assert crash(crashpoints.AFTER_TOOL_DISPATCHED, 2, lambda: rt.start(NAME, {"to": TO}, run_id="nd"))
     log_before = event_rows(db)
-    assert log_before[-1][2:4] == ("STEP_STARTED", 3)
+    assert [r[2:4] for r in log_before[-2:]] == [("STEP_STARTED", 3), ("TOOL_DISPATCHED", 3)]
     with pytest.raises(NonDeterminismError) as raised:
-        runtime({NAME: third_changed}).resume("nd")
+        runtime({NAME: keyed("three")}).resume("nd")
     check_error(raised.value, db, 3, '"two"', '"three"')
     assert event_rows(db) == log_before
     assert world.outbox.count(body="three") == 0
-    assert runtime({NAME: original}).resume("nd").status == "SLEEPING"
+    assert runtime({NAME: keyed("two")}).resume("nd").status == "COMPLETED"
     assert world.outbox.count(body="two") == 1

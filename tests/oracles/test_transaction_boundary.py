@@ -1,10 +1,14 @@
 """Oracle: the transaction boundary of a tool call (SPEC §3).
 
 A tool call is STEP_STARTED, then TOOL_DISPATCHED, then the side_effects row and STEP_COMPLETED
-in ONE transaction. After a death at each named point, the database file is inspected with
-``sqlite3`` BEFORE anything resumes, and must hold exactly what the table in §3 says. At no
-crash point may the side_effects table and the log disagree: if any named point sat between
-recording the effect and recording the completion, the sweep below would find it.
+in ONE transaction. The first two are committed before the call when a crash during the call
+must find them: for an AT_MOST_ONCE tool (the ambiguous window) and for an explicit key (its
+claim); for an IDEMPOTENT tool with a derived key they are committed with the outcome, since a
+crash during the call re-runs it either way. After a death at each named point, the database
+file is inspected with ``sqlite3`` BEFORE anything resumes, and must hold exactly what the
+tables below say. At no crash point may the side_effects table and the log disagree: if any
+named point sat between recording the effect and recording the completion, the sweep below
+would find it.
 """
 
 from __future__ import annotations
@@ -30,16 +34,25 @@ from .support import (
 ONE_TOOL = "oracle_boundary.one_tool"
 MANY = "oracle_boundary.many"
 
-# What the log of a one-tool run holds after a death at each point, and whether the tool ran.
-TABLE = {
+OPENED = ["RUN_STARTED", "STEP_STARTED", "TOOL_DISPATCHED"]
+DONE = [*OPENED, "STEP_COMPLETED"]
+
+# What the log of a one-tool run holds after a death at each point, and whether the tool ran:
+# when the opening is committed before the call...
+COMMITTED_BEFORE = {
     crashpoints.BEFORE_STEP_STARTED: (["RUN_STARTED"], 0),
-    crashpoints.AFTER_STEP_STARTED: (["RUN_STARTED", "STEP_STARTED"], 0),
-    crashpoints.AFTER_TOOL_DISPATCHED: (["RUN_STARTED", "STEP_STARTED", "TOOL_DISPATCHED"], 0),
-    crashpoints.AFTER_TOOL_RETURNED: (["RUN_STARTED", "STEP_STARTED", "TOOL_DISPATCHED"], 1),
-    crashpoints.AFTER_STEP_COMMITTED: (
-        ["RUN_STARTED", "STEP_STARTED", "TOOL_DISPATCHED", "STEP_COMPLETED"],
-        1,
-    ),
+    crashpoints.AFTER_STEP_STARTED: (["RUN_STARTED"], 0),
+    crashpoints.AFTER_TOOL_DISPATCHED: (OPENED, 0),
+    crashpoints.AFTER_TOOL_RETURNED: (OPENED, 1),
+    crashpoints.AFTER_STEP_COMMITTED: (DONE, 1),
+}
+# ... and when it is committed with the outcome.
+COMMITTED_WITH_OUTCOME = {
+    crashpoints.BEFORE_STEP_STARTED: (["RUN_STARTED"], 0),
+    crashpoints.AFTER_STEP_STARTED: (["RUN_STARTED"], 0),
+    crashpoints.AFTER_TOOL_DISPATCHED: (["RUN_STARTED"], 0),
+    crashpoints.AFTER_TOOL_RETURNED: (["RUN_STARTED"], 1),
+    crashpoints.AFTER_STEP_COMMITTED: (DONE, 1),
 }
 
 
@@ -65,7 +78,7 @@ def many(ctx: Any) -> Any:
 WORKFLOWS = {ONE_TOOL: one_tool, MANY: many}
 
 
-@pytest.mark.parametrize("point", list(TABLE))
+@pytest.mark.parametrize("point", list(COMMITTED_BEFORE))
 @pytest.mark.parametrize(
     ("name", "key"),
     [("send", None), ("send", "k-send"), ("charge", None), ("charge", "k-charge")],
@@ -81,7 +94,8 @@ def test_the_database_holds_what_the_table_says_at_each_point(
 ) -> None:
     rt = runtime(WORKFLOWS)
     assert crash(point, 1, lambda: rt.start(ONE_TOOL, {"name": name, "key": key}, run_id="R"))
-    expected_kinds, calls = TABLE[point]
+    deferred = name == "send" and key is None
+    expected_kinds, calls = (COMMITTED_WITH_OUTCOME if deferred else COMMITTED_BEFORE)[point]
     effective_key = key or "durabl:R:1"
 
     rows = event_rows(db, "R")
@@ -119,9 +133,10 @@ def test_a_failed_attempt_records_nothing_until_its_outcome_commits(
     assert crash(crashpoints.AFTER_TOOL_RETURNED, 5, first_process)
     assert world.calls["broken"] == 1
     rows = event_rows(db, "F")
-    assert [r[2] for r in rows[-2:]] == ["STEP_STARTED", "TOOL_DISPATCHED"]
-    broken_step = rows[-1][3]
-    assert not [r for r in rows if r[3] == broken_step and r[2] in ("STEP_FAILED", "STEP_RETRY")]
+    # ``broken`` is IDEMPOTENT with a derived key (step 5): its attempt opens and closes in one
+    # commit, so the death leaves nothing of it, and the log ends with step 4's completion.
+    assert [r[2:4] for r in rows[-1:]] == [("STEP_COMPLETED", 4)]
+    assert not [r for r in rows if r[3] == 5]
     assert_effects_match_log(db)
 
 

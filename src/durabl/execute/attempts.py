@@ -1,9 +1,19 @@
 """The retry loop of model and tool steps, in one place.
 
-An attempt writes STEP_STARTED; for a tool, TOOL_DISPATCHED next (with the key claim, in the
-same transaction); then control leaves durabl. What comes back is recorded in one transaction:
-STEP_COMPLETED with the tool's side_effects row, STEP_RETRY with the time of the next attempt,
-or STEP_FAILED once the policy gives up.
+An attempt opens with STEP_STARTED and, for a tool, TOOL_DISPATCHED; then control leaves durabl.
+What comes back is recorded in one transaction: STEP_COMPLETED with the tool's side_effects row,
+STEP_RETRY with the time of the next attempt, or STEP_FAILED once the policy gives up.
+
+When the opening is committed is decided by what a crash during the call must leave behind:
+
+- an AT_MOST_ONCE tool, or a tool holding an explicit key's claim: before the call, in one
+  transaction (durable for AT_MOST_ONCE), because a crash inside the call must be recognised
+  as ambiguous, and other runs holding the key must see the claim;
+- a model call: before the call, without an fsync, so that a re-execution after a crash is
+  counted (its tokens are spent twice);
+- an IDEMPOTENT tool with a derived key: in the same transaction as the outcome. A crash
+  during the call then leaves nothing, and the call is made again, which is what IDEMPOTENT
+  promises anyway; the step costs one commit instead of three.
 """
 
 from __future__ import annotations
@@ -16,7 +26,7 @@ from durabl import codec, crashpoints, events
 from durabl.errors import EncodingError, StepFailed
 from durabl.execute.base import StepCall
 from durabl.flow import Park
-from durabl.journal import KEEP
+from durabl.journal import KEEP, NewEvent
 from durabl.store.base import KeyClaim, SideEffect
 from durabl.tools import RetryPolicy
 
@@ -46,13 +56,31 @@ class AttemptSpec:
     dispatch: Dispatch | None = None
 
 
+@dataclass(slots=True)
+class Opening:
+    """The part of an attempt's opening not committed yet: it goes first into the attempt's
+    closing commit. ``disarm``: the attempt was brought here by a retry timer, which the
+    closing commit clears."""
+
+    events: list[NewEvent]
+    disarm: bool
+
+    def wake(self, wake_at_s: float | None) -> float | None:
+        """The closing commit's timer: its own, else cleared if this attempt disarms one."""
+        return None if self.disarm and wake_at_s == KEEP else wake_at_s
+
+
+WRITTEN = Opening([], disarm=False)
+"""An opening already committed: the closing commit adds nothing to it."""
+
+
 def attempt(call: StepCall, spec: AttemptSpec) -> Any:
     """Attempt the step until it succeeds, fails for good, or parks on a backoff timer."""
     rec = call.rec
     attempt = (rec.retries if rec is not None else 0) + 1
     retry_pending = rec is not None and rec.wake_at_s is not None
     while True:
-        _begin(call, spec, retry_pending)
+        opening = _begin(call, spec, retry_pending)
         retry_pending = False
         try:
             value = spec.call()
@@ -60,40 +88,47 @@ def attempt(call: StepCall, spec: AttemptSpec) -> Any:
             crashpoints.reach(spec.returned)
             if attempt < spec.policy.max_attempts:
                 error = {"error_type": type(exc).__name__, "message": str(exc), "attempt": attempt}
-                schedule_retry(call, error, spec.policy.delay_s(attempt))
+                schedule_retry(call, error, spec.policy.delay_s(attempt), opening)
                 attempt += 1
                 continue
             err = spec.failure(spec.name, type(exc).__name__, str(exc), attempt)
             # An exception from an AT_MOST_ONCE tool does not prove nothing happened: the key
             # is spent, so no other run holding it calls the tool again.
             at_most_once = spec.dispatch is not None and spec.dispatch.at_most_once
-            record_failure(call, err, spec.dispatch, effect_happened=at_most_once)
+            record_failure(call, err, spec.dispatch, opening, effect_happened=at_most_once)
             raise err from None
         crashpoints.reach(spec.returned)
-        return _complete(call, spec, value, attempt)
+        return _complete(call, spec, value, attempt, opening)
 
 
-def _begin(call: StepCall, spec: AttemptSpec, retry_pending: bool) -> None:
-    """Write the attempt's start (disarming a retry timer that brought it here), and for a tool
-    the dispatch marker: past it, a crash is ambiguous."""
-    journal = call.journal
+def _begin(call: StepCall, spec: AttemptSpec, retry_pending: bool) -> Opening:
+    """Open the attempt: STEP_STARTED, and for a tool TOOL_DISPATCHED (past it, a crash is
+    ambiguous). Commits them now when a crash during the call must find them (see the module
+    docstring); otherwise returns them for the closing commit."""
     crashpoints.reach(crashpoints.BEFORE_STEP_STARTED)
-    journal.append(
-        [(events.STEP_STARTED, call.step.fingerprint, call.step.canonical)],
-        wake_at_s=None if retry_pending else KEEP,
-    )
-    crashpoints.reach(crashpoints.AFTER_STEP_STARTED)
+    started = [(events.STEP_STARTED, call.step.fingerprint, call.step.canonical)]
+    wake_at_s = None if retry_pending else KEEP
     dispatch = spec.dispatch
-    if dispatch is not None:
-        journal.append(
-            [(events.TOOL_DISPATCHED, None, codec.encode({"key": dispatch.key}))],
-            claim=dispatch.claim,
-            durable=dispatch.at_most_once,
-        )
+    journal = call.journal
+    if dispatch is None:
+        journal.append(started, wake_at_s=wake_at_s)
+        crashpoints.reach(crashpoints.AFTER_STEP_STARTED)
+        return WRITTEN
+    crashpoints.reach(crashpoints.AFTER_STEP_STARTED)
+    opening = [*started, (events.TOOL_DISPATCHED, None, codec.encode({"key": dispatch.key}))]
+    if not dispatch.at_most_once and dispatch.claim is None:
         crashpoints.reach(crashpoints.AFTER_TOOL_DISPATCHED)
+        return Opening(opening, disarm=retry_pending)
+    journal.append(
+        opening, claim=dispatch.claim, wake_at_s=wake_at_s, durable=dispatch.at_most_once
+    )
+    crashpoints.reach(crashpoints.AFTER_TOOL_DISPATCHED)
+    return WRITTEN
 
 
-def _complete(call: StepCall, spec: AttemptSpec, value: Any, attempt: int) -> Any:
+def _complete(
+    call: StepCall, spec: AttemptSpec, value: Any, attempt: int, opening: Opening
+) -> Any:
     """Record the result, and a tool's side_effects row with it, in one durable transaction."""
     dispatch = spec.dispatch
     try:
@@ -103,15 +138,16 @@ def _complete(call: StepCall, spec: AttemptSpec, value: Any, attempt: int) -> An
         )
     except EncodingError as exc:
         err = spec.failure(spec.name, "EncodingError", str(exc), attempt)
-        record_failure(call, err, dispatch, effect_happened=dispatch is not None)
+        record_failure(call, err, dispatch, opening, effect_happened=dispatch is not None)
         raise err from None
     effect = None
     if dispatch is not None:
         effect = _effect(call, dispatch.key, spec.name, result_text=text)
     call.journal.append(
-        [(events.STEP_COMPLETED, None, text)],
+        [*opening.events, (events.STEP_COMPLETED, None, text)],
         side_effect=effect,
         release_claim=_claimed_key(dispatch),
+        wake_at_s=opening.wake(KEEP),
         durable=True,
     )
     crashpoints.reach(crashpoints.AFTER_STEP_COMMITTED)
@@ -119,15 +155,20 @@ def _complete(call: StepCall, spec: AttemptSpec, value: Any, attempt: int) -> An
     return value
 
 
-def schedule_retry(call: StepCall, error: dict[str, Any], delay_s: float) -> None:
+def schedule_retry(
+    call: StepCall, error: dict[str, Any], delay_s: float, opening: Opening = WRITTEN
+) -> None:
     """Record a failed attempt and when the next begins; park until then if that is later.
     An explicit key's claim is kept: until the step ends, another run holding the key is inside
     the same window."""
     retry_at_s = call.now() + delay_s
     call.journal.append(
-        [(events.STEP_RETRY, None, codec.encode({**error, "retry_at_s": retry_at_s}))],
+        [
+            *opening.events,
+            (events.STEP_RETRY, None, codec.encode({**error, "retry_at_s": retry_at_s})),
+        ],
         status=events.SLEEPING if delay_s > 0 else events.RUNNING,
-        wake_at_s=retry_at_s if delay_s > 0 else KEEP,
+        wake_at_s=opening.wake(retry_at_s if delay_s > 0 else KEEP),
         durable=delay_s > 0,
     )
     crashpoints.reach(crashpoints.AFTER_RETRY_SCHEDULED)
@@ -136,7 +177,12 @@ def schedule_retry(call: StepCall, error: dict[str, Any], delay_s: float) -> Non
 
 
 def record_failure(
-    call: StepCall, err: StepFailed, dispatch: Dispatch | None, *, effect_happened: bool
+    call: StepCall,
+    err: StepFailed,
+    dispatch: Dispatch | None,
+    opening: Opening = WRITTEN,
+    *,
+    effect_happened: bool,
 ) -> None:
     """Record a step's final failure. If the effect may have happened (the tool returned a
     result durabl cannot record, or an AT_MOST_ONCE tool raised), its key is spent: the
@@ -145,7 +191,7 @@ def record_failure(
     if effect_happened and dispatch is not None:
         effect = _effect(call, dispatch.key, err.step_name, error=str(err))
     call.journal.append(
-        [(events.STEP_FAILED, None, codec.encode(err.to_record()))],
+        [*opening.events, (events.STEP_FAILED, None, codec.encode(err.to_record()))],
         side_effect=effect,
         release_claim=_claimed_key(dispatch),
         wake_at_s=None,
