@@ -16,6 +16,8 @@ import contextlib
 import os
 import shutil
 import sqlite3
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,7 +26,7 @@ from typing import Any
 import pytest
 
 from durabl import ProcessDeath, SchemaVersionError, StorageError, codec, events
-from durabl.errors import LeaseLost
+from durabl.errors import LeaseLost, SideEffectExistsError
 from durabl.events import Event
 from durabl.store import Commit, KeyClaim, RunRow, SideEffect, SQLiteStore, Store
 from durabl.store.base import UNCHANGED, Lease
@@ -903,6 +905,93 @@ def _foreign_file(path: Path) -> None:
 
 def _files_in(directory: Path) -> dict[str, bytes]:
     return {entry.name: entry.read_bytes() for entry in sorted(directory.iterdir())}
+
+
+class TestGroupCommit:
+    """Commits from many threads at once share transactions; each keeps its own answer."""
+
+    def test_commits_from_many_threads_all_land_in_their_own_logs(
+        self, backend: Backend, tmp_path: Path, opened: list[Store]
+    ) -> None:
+        store = backend.open(tmp_path)
+        opened.append(store)
+        threads, per_thread = 8, 25
+        for n in range(threads):
+            new_run(store, f"run-{n}")
+        start = threading.Barrier(threads)
+        errors: list[BaseException] = []
+
+        def drive(n: int) -> None:
+            try:
+                start.wait()
+                for seq in range(2, 2 + per_thread):
+                    key = f"k-{n}-{seq}"
+                    store.commit(
+                        Commit(
+                            f"run-{n}",
+                            [event(seq, events.STEP_COMPLETED)],
+                            side_effect=effect(key, f"run-{n}", seq),
+                            durable=True,
+                        )
+                    )
+            except BaseException as exc:  # reported below, with the thread's name
+                errors.append(exc)
+
+        workers = [threading.Thread(target=drive, args=(n,)) for n in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        assert errors == []
+        for n in range(threads):
+            assert [e.seq for e in store.load_log(f"run-{n}")] == list(range(1, 2 + per_thread))
+            assert store.side_effect(f"k-{n}-{per_thread + 1}") is not None
+
+    def test_a_refused_commit_in_a_batch_undoes_only_itself(self, tmp_path: Path) -> None:
+        store = SQLiteStore(tmp_path / "agent.db")
+        try:
+            for n in range(4):
+                new_run(store, f"run-{n}")
+            store.commit(Commit("run-0", [event(2)], side_effect=effect("taken", "run-0", 2)))
+            outcomes: dict[int, BaseException | None] = {}
+
+            def commit(n: int) -> None:
+                key = "taken" if n == 2 else f"k-{n}"
+                try:
+                    store.commit(
+                        Commit(
+                            f"run-{n}",
+                            [event(2 if n else 3), event(3 if n else 4)],
+                            side_effect=effect(key, f"run-{n}", 3),
+                            durable=True,
+                        )
+                    )
+                    outcomes[n] = None
+                except BaseException as exc:
+                    outcomes[n] = exc
+
+            # Hold the connection while four commits queue up, so that they share one batch.
+            with store._lock:
+                waiting = [threading.Thread(target=commit, args=(n,)) for n in range(4)]
+                for thread in waiting:
+                    thread.start()
+                while len(store._queue) < 4:
+                    time.sleep(0.001)
+                before = (store.commits, store.transactions)
+            for thread in waiting:
+                thread.join()
+            assert (store.commits - before[0], store.transactions - before[1]) == (4, 1)
+            assert isinstance(outcomes.pop(2), SideEffectExistsError)
+            assert outcomes == {0: None, 1: None, 3: None}
+            assert [e.seq for e in store.load_log("run-2")] == [1]
+            assert [e.seq for e in store.load_log("run-0")] == [1, 2, 3, 4]
+            for n in (1, 3):
+                assert [e.seq for e in store.load_log(f"run-{n}")] == [1, 2, 3]
+                assert store.side_effect(f"k-{n}") is not None
+            effect_row = store.side_effect("taken")
+            assert effect_row is not None and effect_row.run_id == "run-0"
+        finally:
+            store.close()
 
 
 class TestSQLiteFile:

@@ -6,6 +6,12 @@ the commit is in the WAL, which the OS holds) except commits marked ``durable`` 
 Because the WAL is one append-only file, that fsync also makes every earlier commit durable, so
 the runtime pays one fsync per completed step and nothing for the bookkeeping before it.
 
+Group commit: threads that commit at the same time share one transaction, and so one fsync.
+A thread that finds the connection busy queues its commit; whoever takes the connection next
+commits everything queued, each commit inside its own savepoint, so one commit's refusal does
+not undo the others. Under ``durability="full"`` the number of fsyncs then grows with the
+number of batches, not with the number of runs.
+
 The SQL is in ``schema`` (named statements, migrations), how a file is judged and opened in
 ``connection`` and ``files``, and what SQLite's errors mean in ``sqlite_errors``.
 """
@@ -67,6 +73,12 @@ class SQLiteStore:
         self.durability = durability
         self.read_only = read_only
         self._lock = threading.RLock()
+        self._queue: list[_Pending] = []
+        self._queue_lock = threading.Lock()
+        self.commits = 0
+        """Commits made through ``commit``, since the store opened."""
+        self.transactions = 0
+        """The transactions they took: fewer than ``commits`` when commits shared one."""
         self._sync_full = False
         self._closed = False
         self._conn = open_database(self.path, read_only=read_only)
@@ -221,22 +233,84 @@ class SQLiteStore:
         return statements
 
     def _apply(self, statements: list[Statement], durable: bool) -> int:
-        """Execute ``statements`` atomically; returns the rows the last one changed. A single
-        statement is its own transaction in SQLite's autocommit mode, which saves the
-        BEGIN/COMMIT round trips on the hot path."""
-        if len(statements) == 1:
+        """Execute ``statements`` atomically, in one batch with whatever other threads are
+        committing (see the module docstring); returns the rows the last one changed."""
+        mine = _Pending(statements, durable)
+        with self._queue_lock:
+            self._queue.append(mine)
+        while not mine.done:
             with self._lock:
-                conn = self._live()
-                try:
-                    self._set_sync(conn, durable)
-                    return self._execute(conn, statements[0])
-                except sqlite3.Error as exc:
-                    raise storage_error(self.path, exc) from None
-        with self._write(durable) as conn:
-            changed = 0
-            for statement in statements:
-                changed = self._execute(conn, statement)
-            return changed
+                if mine.done:  # committed by the thread that held the connection
+                    break
+                with self._queue_lock:
+                    batch, self._queue = self._queue, []
+                self._commit_batch(batch)
+        if mine.error is not None:
+            raise mine.error
+        return mine.changed
+
+    def _commit_batch(self, batch: list[_Pending]) -> None:
+        """Commit ``batch`` in one transaction. Called with the connection lock held."""
+        conn = self._live()
+        durable = any(p.durable for p in batch)
+        try:
+            self._set_sync(conn, durable)
+            if len(batch) == 1 and len(batch[0].statements) == 1:
+                # One statement is its own transaction in SQLite's autocommit mode, which
+                # saves the BEGIN/COMMIT round trips on the hot path.
+                self._settle(conn, batch[0], savepoint=False)
+            else:
+                self._commit_together(conn, batch)
+        except BaseException as exc:
+            # The transaction did not commit. A storage error is every commit's answer; any
+            # other exception (a simulated death) is this thread's own: the others queue again.
+            if isinstance(exc, sqlite3.Error):
+                error = storage_error(self.path, exc)
+                for pending in batch:
+                    if not pending.done:
+                        pending.fail(error)
+                raise error from None
+            with self._queue_lock:
+                self._queue[:0] = [p for p in batch if not p.done and p.thread != _me()]
+            raise
+        self.commits += len(batch)
+        self.transactions += 1
+
+    def _commit_together(self, conn: sqlite3.Connection, batch: list[_Pending]) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            alone = len(batch) == 1
+            for pending in batch:
+                self._settle(conn, pending, savepoint=not alone)
+            if alone and batch[0].error is not None:
+                conn.execute("ROLLBACK")
+            else:
+                conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            for pending in batch:
+                pending.done = False
+            raise
+        for pending in batch:
+            pending.done = True
+
+    def _settle(self, conn: sqlite3.Connection, pending: _Pending, *, savepoint: bool) -> None:
+        """Run one commit's statements; a refusal is its own answer and undoes only it."""
+        if savepoint:
+            conn.execute("SAVEPOINT one_commit")
+        try:
+            for statement in pending.statements:
+                pending.changed = self._execute(conn, statement)
+        except DurablError as refused:
+            if savepoint:
+                conn.execute("ROLLBACK TO one_commit")
+                conn.execute("RELEASE one_commit")
+            pending.fail(refused)
+            return
+        if savepoint:
+            conn.execute("RELEASE one_commit")
+        pending.done = True
 
     def _execute(self, conn: sqlite3.Connection, statement: Statement) -> int:
         name, params = statement
@@ -354,3 +428,24 @@ class SQLiteStore:
             if not self._closed:
                 self._closed = True
                 self._conn.close()
+
+
+def _me() -> int:
+    return threading.get_ident()
+
+
+class _Pending:
+    """One commit waiting for its batch: its statements, and once done, its answer."""
+
+    __slots__ = ("changed", "done", "durable", "error", "statements", "thread")
+
+    def __init__(self, statements: list[Statement], durable: bool) -> None:
+        self.statements = statements
+        self.durable = durable
+        self.thread = _me()
+        self.done = False
+        self.changed = 0
+        self.error: BaseException | None = None
+
+    def fail(self, error: BaseException) -> None:
+        self.error, self.done = error, True
