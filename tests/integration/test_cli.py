@@ -141,6 +141,13 @@ def test_runs_lists_every_state_newest_first_and_filters(cli: Cli) -> None:
         "r-interrupted",
     }
     assert len(cli.json("runs", "--limit", "2")) == 2
+    # a limit that cuts the list says so, on stderr, so that the JSON stays whole
+    cut = cli("runs", "--limit", "2")
+    assert cut.returncode == 0 and cut.stdout.count("\n") >= 2
+    assert cut.stderr.strip() == "the newest 2 runs are shown; there are more: --limit N or --all"
+    assert cli("runs", "--limit", "6").stderr == ""
+    assert len(cli.json("runs", "--all")) == 6
+    one_line_error(cli("runs", "--all", "--limit", "3"), "--limit")
     # the global options are accepted after the command too
     assert json.loads(cli("runs", "--json").stdout) == rows
     late = subprocess.run(

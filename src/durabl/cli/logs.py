@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,10 @@ _STATUSES = (
     events.CANCELLED,
 )
 
+RUNS_SHOWN = 100
+"""How many runs ``durabl runs`` lists unless told otherwise: its cost then does not grow with
+the database (10,000 runs take about 120 ms to list in full)."""
+
 
 def add_runs(commands: Commands) -> None:
     p = commands.add_command(
@@ -44,7 +49,16 @@ def add_runs(commands: Commands) -> None:
     )
     p.add_argument("--status", help="only runs with this status (e.g. RUNNING, COMPLETED)")
     p.add_argument("--workflow", help="only runs of this workflow")
-    p.add_argument("--limit", type=positive_whole, help="at most N runs")
+    count = p.add_mutually_exclusive_group()
+    count.add_argument(
+        "--limit",
+        type=positive_whole,
+        default=RUNS_SHOWN,
+        help=f"at most N runs (default {RUNS_SHOWN})",
+    )
+    count.add_argument(
+        "--all", dest="limit", action="store_const", const=None, help="every run, however many"
+    )
 
 
 def add_show(commands: Commands) -> None:
@@ -79,8 +93,14 @@ def _runs(args: argparse.Namespace) -> int:
     statuses = (args.status.upper(),) if args.status else None
     if statuses and statuses[0] not in _STATUSES:
         raise UsageError(f"unknown status {args.status!r}; one of {', '.join(_STATUSES)}")
+    limit = args.limit
     with read_store(args.db) as store:
-        rows = store.list_runs(statuses=statuses, workflow=args.workflow, limit=args.limit)
+        # One row past the limit tells whether there are more, without counting them all.
+        rows = store.list_runs(
+            statuses=statuses, workflow=args.workflow, limit=None if limit is None else limit + 1
+        )
+    more = limit is not None and len(rows) > limit
+    rows = rows[:limit] if more else rows
     payload = [
         {
             "run_id": r.run_id,
@@ -96,6 +116,11 @@ def _runs(args: argparse.Namespace) -> int:
     table = [[r.run_id, r.workflow, r.status, when(r.updated_s), short(r.error)] for r in rows]
     grid = Grid(["RUN", "WORKFLOW", "STATUS", "UPDATED (UTC)", "ERROR"], table)
     emit(args, payload, grid if rows else "no runs")
+    if more:
+        print(
+            f"the newest {limit} runs are shown; there are more: --limit N or --all",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 
