@@ -145,7 +145,7 @@ class Engine:
         if not _drivable(row):
             return self.state(row.run_id)
         wf = wf or self.workflow_of(row.workflow)  # before touching the run
-        with self.owning(row.run_id) as (row, token):
+        with self.owning(row.run_id, seen=row) as (row, token):
             return self.drive_owned(row, wf, now_s, token)
 
     def resume_isolated(self, row: RunRow, now_s: float | None) -> RunState:
@@ -164,13 +164,16 @@ class Engine:
     # -- driving ---------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def owning(self, run_id: str, token: int | None = None) -> Iterator[tuple[RunRow, int]]:
+    def owning(
+        self, run_id: str, token: int | None = None, seen: RunRow | None = None
+    ) -> Iterator[tuple[RunRow, int]]:
         """Hold the run's lease for the block: the fresh row and the fencing token to write
-        with. A simulated death leaves the lease in the database, as a real one would."""
+        with. A simulated death leaves the lease in the database, as a real one would.
+        ``seen``: the run's row as the caller read it, tried first for a free lease."""
         with leases.driving(run_id, self.leaser.owner):
             try:
                 if token is None:
-                    token = self.leaser.acquire(self.row(run_id))
+                    token = self._take_lease(run_id, seen)
                     crashpoints.reach(crashpoints.AFTER_LEASE_TAKEN)
                 else:
                     self.leaser.hold(run_id, token)
@@ -182,6 +185,16 @@ class Engine:
                 self.leaser.release(run_id)
                 raise
             self.leaser.release(run_id)
+
+    def _take_lease(self, run_id: str, seen: RunRow | None) -> int:
+        """The lease, taken on the row the caller has just read when that row shows it free
+        (saving a read on the way to the first step); on the row as it is now otherwise, or
+        when another process took the lease since the caller's read."""
+        if seen is not None and self.leaser.free(seen):
+            token = self.leaser.try_acquire(seen)
+            if token is not None:
+                return token
+        return self.leaser.acquire(self.row(run_id))
 
     def journal(self, row: RunRow, token: int | None) -> Journal:
         """A journal for one pass through the run, over its history as the store has it now;

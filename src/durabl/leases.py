@@ -16,7 +16,6 @@ Takeover rules, checked in this order:
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -29,7 +28,8 @@ from durabl.store.base import Lease, RunRow, Store
 LEASE_S = 15.0
 """Default lease length. A heartbeat renews held leases every third of it."""
 
-HOST = socket.gethostname()
+HOST = os.uname().nodename
+"""This machine's name, as gethostname(2) reports it (read without importing socket)."""
 
 _driving: dict[str, str] = {}
 _driving_lock = threading.Lock()
@@ -136,21 +136,35 @@ class Leaser:
             expires_s=time.time() + self.lease_s,
         )
 
+    def free(self, row: RunRow) -> bool:
+        """Whether ``row`` shows its run's lease free for this runtime to take: no lease, this
+        runtime's own, an expired one, or one whose process is gone."""
+        lease = row.lease
+        return (
+            lease is None
+            or lease.owner == self.owner
+            or lease.expires_s <= time.time()
+            or owner_gone(row.run_id, lease)
+        )
+
     def acquire(self, row: RunRow) -> int:
         """The fencing token to drive ``row``'s run with; raises RunLeased if a live process
         owns it."""
         lease = row.lease
-        if lease is not None and not (
-            lease.owner == self.owner
-            or lease.expires_s <= time.time()
-            or owner_gone(row.run_id, lease)
-        ):
+        if lease is not None and not self.free(row):
             until = time.strftime("%H:%M:%S", time.localtime(lease.expires_s))
             raise RunDrivenElsewhere(run_id=row.run_id, pid=lease.pid, host=lease.host, until=until)
-        token = self.store.take_lease(row.run_id, row.lease_token, self.lease())
+        token = self.try_acquire(row)
         if token is None:
             raise RunTakenOver(run_id=row.run_id)
-        self.hold(row.run_id, token)
+        return token
+
+    def try_acquire(self, row: RunRow) -> int | None:
+        """Take the lease if it is still as ``row`` shows it (its token unchanged): the new
+        fencing token, or None if another process changed it since."""
+        token = self.store.take_lease(row.run_id, row.lease_token, self.lease())
+        if token is not None:
+            self.hold(row.run_id, token)
         return token
 
     def hold(self, run_id: str, token: int) -> None:

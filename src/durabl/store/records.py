@@ -79,3 +79,15 @@ def event_insert(run_id: str, e: Event, fence: int | None) -> Statement:
         "fence": fence,
     }
     return "insert_event", params
+
+
+def events_insert(run_id: str, appended: list[Event], fence: int | None) -> Statement:
+    """The statement appending ``appended``, in order. Several events become one multi-row
+    insert (``insert_events``): one statement instead of one per event on every step."""
+    if len(appended) == 1:
+        return event_insert(run_id, appended[0], fence)
+    values: list[Any] = []
+    for seq, kind, step, fp, data, at_s in appended:
+        crc = codec.checksum(seq, kind, step, fp, data, at_s)
+        values += (run_id, seq, kind, step, fp, data, at_s, crc, fence)
+    return "insert_events", {"rows": len(appended), "values": values}

@@ -19,6 +19,7 @@ The SQL is in ``schema`` (named statements, migrations), how a file is judged an
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sqlite3
@@ -43,6 +44,7 @@ from durabl.store.records import (
     NO_LEASE,
     Statement,
     event_insert,
+    events_insert,
     parameters_of,
     run_row,
 )
@@ -206,8 +208,8 @@ class SQLiteStore:
         changed-row count tells whether the fence held."""
         run_id, fence = commit.run_id, commit.fence
         statements = []
-        for event in commit.events:
-            statements.append(event_insert(run_id, event, fence))
+        if commit.events:
+            statements.append(events_insert(run_id, commit.events, fence))
         if commit.side_effect is not None:
             statements.append(("insert_side_effect", parameters_of(commit.side_effect)))
         if commit.claim is not None:
@@ -314,9 +316,13 @@ class SQLiteStore:
 
     def _execute(self, conn: sqlite3.Connection, statement: Statement) -> int:
         name, params = statement
-        sql, bind = NUMBERED[name]
+        if name == "insert_events":
+            sql, values = _insert_events_sql(params["rows"]), params["values"]
+        else:
+            sql, bind = NUMBERED[name]
+            values = bind(params)
         try:
-            return conn.execute(sql, bind(params)).rowcount
+            return conn.execute(sql, values).rowcount
         except sqlite3.IntegrityError as exc:
             raise self._refused(statement, exc) from None
 
@@ -331,8 +337,7 @@ class SQLiteStore:
 
     def take_lease(self, run_id: str, seen_token: int, lease: Lease) -> int | None:
         taking = parameters_of(lease, run_id=run_id, lease_token=seen_token)
-        with self._write(durable=False) as conn:
-            changed = conn.execute(Q["take_lease"], taking).rowcount
+        changed = self._apply([("take_lease", taking)], durable=False)
         return seen_token + 1 if changed == 1 else None
 
     def renew_lease(self, run_id: str, token: int, owner: str, expires_s: float) -> bool:
@@ -342,12 +347,10 @@ class SQLiteStore:
             "lease_owner": owner,
             "lease_expires_s": expires_s,
         }
-        with self._write(durable=False) as conn:
-            return conn.execute(Q["renew_lease"], renewal).rowcount == 1
+        return self._apply([("renew_lease", renewal)], durable=False) == 1
 
     def release_lease(self, run_id: str, token: int) -> None:
-        with self._write(durable=False) as conn:
-            conn.execute(Q["release_lease"], {"run_id": run_id, "lease_token": token})
+        self._apply([("release_lease", {"run_id": run_id, "lease_token": token})], durable=False)
 
     def side_effect(self, key: str) -> SideEffect | None:
         with self._read() as conn:
@@ -428,6 +431,16 @@ class SQLiteStore:
             if not self._closed:
                 self._closed = True
                 self._conn.close()
+
+
+@functools.lru_cache(maxsize=16)
+def _insert_events_sql(rows: int) -> str:
+    """``insert_event`` for ``rows`` events in one statement: SQLite inserts the rows of a
+    multi-row VALUES in order, and the log's triggers check each against the ones before it."""
+    one = NUMBERED["insert_event"][0]
+    head, _, _ = one.partition("VALUES")
+    row = "(" + ", ".join("?" * one.count("?")) + ")"
+    return f"{head}VALUES {', '.join([row] * rows)}"
 
 
 def _me() -> int:
