@@ -6,9 +6,11 @@ a third process once its durable timer is due.
 The research agent (``examples/research_agent.py``) runs in child processes against one database:
 
 1. the first process is killed with a real SIGKILL inside step N (``--kill-after``, default 3,
-   the second search), the moment its log shows the tool dispatched;
+   the second search), the moment the search tool says it is running. The search is IDEMPOTENT
+   with a derived key, so its attempt is committed in one transaction once it returns: the kill
+   leaves nothing of step N in the log, which ends with step N-1's completion;
 2. a second process resumes the run from the log: the steps before N are served from it, step N
-   runs again, and the run parks on its durable timer; this process exits;
+   runs again from its start, and the run parks on its durable timer; this process exits;
 3. once the timer is due, a third process fires it and finishes the run.
 
 Then it prints ``durabl show --trace`` (which steps came from the log and which ran, and where
@@ -19,11 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -52,16 +56,35 @@ def log_of(db: Path) -> list[events.Event]:
         store.close()
 
 
-def run_until_dispatched(command: list[str], db: Path, step: int) -> int:
-    """Start the agent and SIGKILL it once step ``step`` is dispatched; returns its pid."""
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while not any(e.kind == events.TOOL_DISPATCHED and e.step == step for e in log_of(db)):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"the agent ended before step {step} was dispatched")
-        time.sleep(0.01)
+def run_until_searching(command: list[str], db: Path, step: int) -> int:
+    """Start the agent and SIGKILL it while its search tool runs step ``step``; returns its pid.
+
+    The tool prints a line as it begins, then sleeps for the step delay: the kill lands in that
+    sleep. Then the log must end with step ``step - 1``'s completion, holding nothing of step
+    ``step``; otherwise the search returned first, and the kill did not land where this demo
+    says it did."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
+    )
+    assert proc.stdout is not None
+    watchdog = threading.Timer(30, proc.kill)
+    watchdog.start()
+    try:
+        searches = 0
+        while searches < SEARCHES.index(step) + 1:
+            line = proc.stdout.readline()
+            if not line:
+                raise SystemExit(f"the agent ended before step {step} began its search")
+            searches += "search running" in line
+    finally:
+        watchdog.cancel()
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    proc.stdout.close()
+    last = log_of(db)[-1]
+    if (last.kind, last.step) != (events.STEP_COMPLETED, step - 1):
+        raise SystemExit(f"the kill missed the search of step {step}: the log ends with {last}")
     return proc.pid
 
 
@@ -82,8 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     agent = [sys.executable, str(AGENT), "--db", str(db), "--outbox", str(outbox)]
     try:
         say(f"process 1: the research agent, SIGKILLed inside step {args.kill_after} (a search)")
-        pid = run_until_dispatched([*agent, "--fresh", "--step-delay", "0.5"], db, args.kill_after)
+        pid = run_until_searching([*agent, "--fresh", "--step-delay", "0.5"], db, args.kill_after)
         print(f"killed pid {pid} with SIGKILL while its search tool was running")
+        print(
+            f"the log ends with step {args.kill_after - 1}'s completion: the search is IDEMPOTENT "
+            f"with a derived key, recorded in one commit once it returns, so nothing of step "
+            f"{args.kill_after} was written"
+        )
         say("process 2: the same command again; it resumes from the log, then parks on its timer")
         second = subprocess.run(
             [*agent, "--no-wait", "--step-delay", "0.05"], capture_output=True, text=True

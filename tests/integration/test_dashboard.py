@@ -72,8 +72,12 @@ class Dashboard:
 
 @pytest.fixture
 def killed(tmp_path: Path) -> Path:
-    """A run whose process was SIGKILLed after its first publish was dispatched."""
-    done = agent(tmp_path, "--crash-at", "after_tool_dispatched")
+    """A run whose process was SIGKILLed inside its second publish (step 4), after the dispatch.
+
+    That publish holds an explicit idempotency key, so its opening is committed before the call
+    and the log shows it in flight. (The first publish, step 2, has a derived key: its opening
+    is committed with its outcome, and a kill inside it leaves nothing to show.)"""
+    done = agent(tmp_path, "--crash-at", "after_tool_dispatched", "--occurrence", "2")
     assert done.returncode == -signal.SIGKILL, done.stderr
     return tmp_path
 
@@ -101,10 +105,12 @@ def test_a_run_killed_and_resumed_under_the_page(killed: Path, browser_page) -> 
         link = page.get_by_role("link", name=RUN_ID)
         link.focus()
         page.keyboard.press("Enter")
-        page.wait_for_selector("#step-2", timeout=WAIT_MS)
-        assert page.get_attribute("#step-2", "data-state") == "dispatched: ambiguous window"
-        assert "died inside the tool" in page.inner_text("#step-2")
-        assert page.get_attribute("#step-1", "data-state") == "done in this process"
+        page.wait_for_selector("#step-4", timeout=WAIT_MS)
+        assert page.get_attribute("#step-4", "data-state") == "dispatched: ambiguous window"
+        assert "died inside the tool" in page.inner_text("#step-4")
+        for done in ("#step-1", "#step-2", "#step-3"):
+            assert page.get_attribute(done, "data-state") == "done in this process"
+        assert page.locator("#step-5").count() == 0
         page.screenshot(path=str(killed / "killed.png"), full_page=True)
 
         # restarted in a new process while the page watches
@@ -116,10 +122,10 @@ def test_a_run_killed_and_resumed_under_the_page(killed: Path, browser_page) -> 
         assert boundaries[0].startswith("process 1 started the run")
         assert boundaries[1].startswith("process 2 took over")
         states = [c.get_attribute("data-state") for c in page.locator(".card").all()]
-        assert states == ["done, from the log", *["done in this process"] * 4]
+        assert states == [*["done, from the log"] * 3, *["done in this process"] * 2]
         # the step the killed process had dispatched runs again below the new boundary
         order = page.eval_on_selector_all("#steps > li", "items => items.map(i => i.id || 'b')")
-        assert order == ["b", "step-1", "b", "step-2", "step-3", "step-4", "step-5"]
+        assert order == ["b", "step-1", "step-2", "step-3", "b", "step-4", "step-5"]
         metrics = dict(zip(page.locator("#metrics dt").all_inner_texts(),
                            page.locator("#metrics dd").all_inner_texts(), strict=True))  # fmt: skip
         assert metrics["processes"] == "2" and metrics["re-executed calls"] == "1"

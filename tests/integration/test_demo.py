@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from durabl import events
+from durabl.store import SQLiteStore
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -24,6 +27,8 @@ def test_the_demo_kills_resumes_and_sends_once(kill_after: int, tmp_path: Path) 
     out = done.stdout
     assert f"SIGKILLed inside step {kill_after}" in out
     assert re.search(r"killed pid \d+ with SIGKILL", out)
+    # the killed search is IDEMPOTENT with a derived key: it left nothing of its step
+    assert f"the log ends with step {kill_after - 1}'s completion" in out
     # process 2 served the steps before the kill from the log and ran the killed one again
     second = out.split("== process 2")[1].split("== no process")[0]
     assert f"replayed {kill_after - 1} steps from the log" in second
@@ -36,6 +41,23 @@ def test_the_demo_kills_resumes_and_sends_once(kill_after: int, tmp_path: Path) 
     assert "PROCESS" in trace and re.search(rf"\n{kill_after}\s+replayed\s+2\s", trace)
     assert "1 line(s): one email, whatever was killed" in out
     assert len((tmp_path / "outbox.log").read_text().splitlines()) == 1
+    # in the kept log, the first boundary follows the step before the kill, and the killed step
+    # has exactly one attempt, made below it
+    store = SQLiteStore(tmp_path / "agent.db", read_only=True)
+    try:
+        log = store.load_log("demo-run")
+    finally:
+        store.close()
+    first_boundary = next(i for i, e in enumerate(log) if e.kind == events.RUN_RESUMED)
+    before = log[first_boundary - 1]
+    assert (before.kind, before.step) == (events.STEP_COMPLETED, kill_after - 1)
+    killed = [(i, e.kind) for i, e in enumerate(log) if e.step == kill_after]
+    assert [kind for _, kind in killed] == [
+        events.STEP_STARTED,
+        events.TOOL_DISPATCHED,
+        events.STEP_COMPLETED,
+    ]
+    assert killed[0][0] > first_boundary
 
 
 def test_a_kill_outside_the_searches_is_refused() -> None:

@@ -8,6 +8,7 @@ interrupt lands does not depend on timing; the process that finishes runs with n
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -74,10 +75,12 @@ def interrupt_when(proc: subprocess.Popen[str], ready: Callable[[], bool]) -> st
     return out
 
 
-def dispatched(db: Path, position: int) -> Callable[[], bool]:
-    return lambda: any(
-        e.kind == events.TOOL_DISPATCHED and e.step == position for e in read_log(db)
-    )
+def printed(proc: subprocess.Popen[str], text: str) -> Callable[[], bool]:
+    """True once the process has written a line containing ``text`` (its stdout must be
+    unbuffered). A line is read per call, so it blocks until the process writes or exits."""
+    assert proc.stdout is not None
+    stdout = proc.stdout
+    return lambda: text in stdout.readline()
 
 
 def finish(db: Path, outbox: Path) -> str:
@@ -100,15 +103,17 @@ def test_interrupted_during_the_searches_resumes_and_emails_once(tmp_path: Path)
         stderr=subprocess.PIPE,
         text=True,
         cwd=REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
-    # Step 1 is the plan, step 2 the first search: once the search is dispatched, the process
-    # is inside it until the interrupt lands.
-    interrupt_when(first, dispatched(db, 2))
+    # Step 1 is the plan, step 2 the first search: once the search says it is running, the
+    # process is inside it until the interrupt lands.
+    interrupt_when(first, printed(first, "search running 'sea otters habitat'"))
     assert run_status(db) == events.RUNNING
-    assert [e.kind for e in read_log(db) if e.step == 2] == [
-        events.STEP_STARTED,
-        events.TOOL_DISPATCHED,
-    ]
+    # The search is IDEMPOTENT with a derived key: its opening is committed with its outcome,
+    # so the interrupted call left nothing of step 2, and the log ends with the plan.
+    log = read_log(db)
+    assert [(e.kind, e.step) for e in log[-1:]] == [(events.STEP_COMPLETED, 1)]
+    assert not [e for e in log if e.step >= 2]
     assert not outbox.exists()
 
     out = finish(db, outbox)
@@ -118,6 +123,17 @@ def test_interrupted_during_the_searches_resumes_and_emails_once(tmp_path: Path)
     log = read_log(db)
     assert [e.kind for e in log].count(events.RUN_RESUMED) == 1
     assert "from the log" in out and "executed" in out
+    # The plan came from the log; the search ran again, once, after the process boundary.
+    assert "model  answering 'Make a research plan" not in out
+    assert out.count("search running 'sea otters habitat'") == 1
+    resumed = next(e.seq for e in log if e.kind == events.RUN_RESUMED)
+    search = [e for e in log if e.step == 2]
+    assert [e.kind for e in search] == [
+        events.STEP_STARTED,
+        events.TOOL_DISPATCHED,
+        events.STEP_COMPLETED,
+    ]
+    assert search[0].seq > resumed
 
 
 def test_interrupted_inside_the_email_window_sends_one_email(tmp_path: Path) -> None:

@@ -6,13 +6,17 @@
 - A process freezes (SIGSTOP) while it owns a run with a short lease; the lease runs out,
   another process takes the run over and completes it; the frozen one is woken (SIGCONT), its
   next commit raises ``LeaseLost`` and it stops: nothing it tries to write lands, and no event
-  after the takeover carries its fencing token.
+  after the takeover carries its fencing token. Where that next commit comes decides what the
+  stale owner can still do: an IDEMPOTENT tool with a derived key commits its opening with its
+  outcome, so the stale owner may call it once more (it dedupes on the key); an AT_MOST_ONCE
+  tool commits its opening before the call, so the stale owner is refused before calling it.
 - Several processes hammer one database with short runs while another holds a write
   transaction open for a second: SQLITE_BUSY is waited out inside the store, never surfaced.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -113,13 +117,17 @@ def test_racing_resume_all_drives_every_interrupted_run_once(tmp_path: Path) -> 
                 assert "driven by" in state["error"] or "taken over" in state["error"], state
 
 
-@pytest.mark.parametrize("where", ["inside_tool", "at_step_boundary"])
+@pytest.mark.parametrize(
+    "where", ["inside_tool", "at_step_boundary", "at_step_boundary_before_at_most_once"]
+)
 def test_a_frozen_owner_is_fenced_off_after_a_takeover(tmp_path: Path, where: str) -> None:
     db = tmp_path / "fence.db"
     run_id = f"fenced-{where}"
     middle_key = derived_key(run_id, 2)
+    middle = "notify" if where == "at_step_boundary_before_at_most_once" else "pausable"
     argv = ["start", str(db), "wa_fenced", run_id, "--lease-s", "0.6"]
-    if where == "inside_tool":  # frozen inside step 2's tool, in its ambiguous window
+    argv += ["--input", json.dumps({"middle": middle})]
+    if where == "inside_tool":  # frozen inside step 2's tool, before any of step 2 is committed
         env_a = env_for(tmp_path, DURABL_TEST_STOP_IN_TOOL="1")
     else:  # frozen right after step 1 committed, before step 2 begins
         env_a = env_for(tmp_path)
@@ -149,6 +157,10 @@ def test_a_frozen_owner_is_fenced_off_after_a_takeover(tmp_path: Path, where: st
     assert log_of(db, run_id) == log_b
     assert_gapless(db, run_id)
 
+    # Frozen in step 2 or before it, A had committed nothing of step 2: pausable's opening is
+    # deferred to its outcome, and A never reached notify's.
+    assert log_a[-1][1:3] == ("STEP_COMPLETED", 1)
+    assert not [e for e in log_a if e[2] >= 2]
     takeover = len(log_a) + 1
     assert log_b[: len(log_a)] == log_a
     assert log_b[takeover - 1][1] == "RUN_RESUMED"
@@ -163,27 +175,35 @@ def test_a_frozen_owner_is_fenced_off_after_a_takeover(tmp_path: Path, where: st
         db, "SELECT status, result, lease_token, lease_owner FROM runs WHERE run_id = ?", (run_id,)
     )
     assert (status, token, owner) == ("COMPLETED", 2, None)
-    assert out_b["result"]["middle_pid"] == out_b["pid"]  # B's result stands
-    assert result is not None and str(out_b["pid"]) in result
+    assert result is not None and json.loads(result) == out_b["result"]  # B's result stands
+    if middle == "pausable":
+        assert out_b["result"]["middle_pid"] == out_b["pid"]
+        assert str(out_b["pid"]) in result
 
+    # Each effect is in the outbox once; notify appends on every call, so a call by A would
+    # show as a second line under its key.
     keys = [derived_key(run_id, position) for position in (1, 2, 3)]
     assert outbox_keys(tmp_path / "outbox.txt") == dict.fromkeys(keys, 1)
     calls = lines(tmp_path / "calls.txt")
-    a_calls = [c for c in calls if c[0] in ("begin", "end") and int(c[3]) == a.pid]
+    a_calls = [c[:3] for c in calls if c[0] in ("begin", "end") and int(c[3]) == a.pid]
+    middle_calls = [
+        (c[0], "A" if int(c[3]) == a.pid else "B")
+        for c in calls
+        if c[0] in ("begin", "end") and c[1] == middle
+    ]
+    assert a_calls[:2] == [["begin", "effect", keys[0]], ["end", "effect", keys[0]]]
     if where == "inside_tool":
-        # A woke inside the tool and finished it; its completion was the commit refused.
-        assert [c[:3] for c in a_calls] == [
-            ["begin", "effect", keys[0]],
-            ["end", "effect", keys[0]],
-            ["begin", "pausable", middle_key],
-            ["end", "pausable", middle_key],
-        ]
+        # A woke inside the tool and finished it; its one commit of step 2 was refused.
+        assert middle_calls == [("begin", "A"), ("begin", "B"), ("end", "B"), ("end", "A")]
+    elif where == "at_step_boundary":
+        # Step 2's first commit comes after its call (derived key, IDEMPOTENT): A called the
+        # tool once more after the takeover, which the key dedupes, and that commit was refused.
+        assert middle_calls == [("begin", "B"), ("end", "B"), ("begin", "A"), ("end", "A")]
     else:
-        # A's next commit (step 2's STEP_STARTED) was refused: it never called step 2's tool.
-        assert [c[:3] for c in a_calls] == [
-            ["begin", "effect", keys[0]],
-            ["end", "effect", keys[0]],
-        ]
+        # An AT_MOST_ONCE opening is committed before the call: it was A's refused commit, so
+        # A never called the tool.
+        assert middle_calls == [("begin", "B"), ("end", "B")]
+    assert a_calls[2:] == [[kind, middle, middle_key] for kind, who in middle_calls if who == "A"]
 
 
 HAMMERS = 4

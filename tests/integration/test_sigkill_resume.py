@@ -7,6 +7,12 @@ database before anything resumes (gapless log, side effects and completions agre
 the agent again without the kill and compares it with an uncrashed reference: same result, each
 effect exactly once in the outbox, and a RUN_RESUMED event at the process boundary. A kill
 inside the AT_MOST_ONCE tool's ambiguous window must dead-letter the run instead.
+
+The derived-key publish commits its opening with its outcome, so a kill anywhere inside that
+step leaves nothing of it, and the resumed process runs it again; the keyed publish and the
+AT_MOST_ONCE notify commit their opening (STEP_STARTED with TOOL_DISPATCHED) before the call,
+so a kill before that commit leaves nothing of the step either, and one after it leaves the
+step in flight.
 """
 
 from __future__ import annotations
@@ -115,25 +121,60 @@ class Case:
     status: str
     invocations: dict[str, int]
     """How often each tool was really called, over both processes."""
+    unrecorded: int | None = None
+    """The step the kill interrupted before any of it was committed: the crashed log holds
+    nothing of it, and the resumed process records it once, as if it had never begun."""
 
 
 # Steps: 1 ModelCall, 2 publish (derived key), 3 Sleep, 4 publish (explicit key), 5 notify.
+# after_step_started is reached at steps 1, 2, 4 and 5 (a Sleep has no such point); the other
+# tool points at steps 2, 4 and 5.
 CASES = [
     Case("after_step_started", 1, ("STEP_STARTED", 1), "COMPLETED", {"publish": 2, "notify": 1}),
     Case(
         "after_step_committed", 1, ("STEP_COMPLETED", 1), "COMPLETED", {"publish": 2, "notify": 1}
     ),
-    Case("after_step_started", 2, ("STEP_STARTED", 2), "COMPLETED", {"publish": 2, "notify": 1}),
+    # Inside the derived-key publish: nothing of step 2 is committed until it returns.
     Case(
-        "after_tool_dispatched", 1, ("TOOL_DISPATCHED", 2), "COMPLETED", {"publish": 2, "notify": 1}
+        "after_step_started",
+        2,
+        ("STEP_COMPLETED", 1),
+        "COMPLETED",
+        {"publish": 2, "notify": 1},
+        unrecorded=2,
     ),
     Case(
-        "after_tool_returned", 1, ("TOOL_DISPATCHED", 2), "COMPLETED", {"publish": 3, "notify": 1}
+        "after_tool_dispatched",
+        1,
+        ("STEP_COMPLETED", 1),
+        "COMPLETED",
+        {"publish": 2, "notify": 1},
+        unrecorded=2,
+    ),
+    # The publish ran and its outcome was lost with the opening: it is called again, and the
+    # endpoint dedupes on the key.
+    Case(
+        "after_tool_returned",
+        1,
+        ("STEP_COMPLETED", 1),
+        "COMPLETED",
+        {"publish": 3, "notify": 1},
+        unrecorded=2,
     ),
     Case(
         "after_step_committed", 2, ("STEP_COMPLETED", 2), "COMPLETED", {"publish": 2, "notify": 1}
     ),
     Case("after_timer_armed", 1, ("TIMER_ARMED", 3), "COMPLETED", {"publish": 2, "notify": 1}),
+    # The keyed publish: its opening (and its claim) is not committed yet...
+    Case(
+        "after_step_started",
+        3,
+        ("TIMER_FIRED", 3),
+        "COMPLETED",
+        {"publish": 2, "notify": 1},
+        unrecorded=4,
+    ),
+    # ... and then it is, before the call.
     Case(
         "after_tool_dispatched", 2, ("TOOL_DISPATCHED", 4), "COMPLETED", {"publish": 2, "notify": 1}
     ),
@@ -143,7 +184,16 @@ CASES = [
     Case(
         "after_step_committed", 3, ("STEP_COMPLETED", 4), "COMPLETED", {"publish": 2, "notify": 1}
     ),
-    Case("after_step_started", 4, ("STEP_STARTED", 5), "COMPLETED", {"publish": 2, "notify": 1}),
+    # AT_MOST_ONCE: before its opening commits, nothing happened and the step simply begins
+    # again; after it, the death is ambiguous and the run is dead-lettered.
+    Case(
+        "after_step_started",
+        4,
+        ("STEP_COMPLETED", 4),
+        "COMPLETED",
+        {"publish": 2, "notify": 1},
+        unrecorded=5,
+    ),
     Case(
         "after_tool_dispatched",
         3,
@@ -179,6 +229,8 @@ def test_a_sigkilled_agent_resumes_to_the_reference_outcome(
     seq, kind, step, _ = crashed_log[-1]
     assert (kind, step) == case.last_event
     assert_not_torn(db)
+    if case.unrecorded is not None:
+        assert not [e for e in crashed_log if e[2] >= case.unrecorded], crashed_log
 
     outcome = finished(tmp_path, run_agent(tmp_path))
     assert outcome.state["status"] == case.status, outcome.state
@@ -190,6 +242,11 @@ def test_a_sigkilled_agent_resumes_to_the_reference_outcome(
     assert json.loads(boundary[3] or "{}")["pid"] == outcome.state["pid"]
     assert [e[1] for e in log].count("RUN_RESUMED") == 1
     assert_not_torn(db)
+    if case.unrecorded is not None:
+        # Run again from its start, below the boundary: one attempt, one dispatch, one outcome.
+        again = [e[1] for e in log if e[2] == case.unrecorded]
+        assert again == ["STEP_STARTED", "TOOL_DISPATCHED", "STEP_COMPLETED"], again
+        assert log.index(next(e for e in log if e[2] == case.unrecorded)) > len(crashed_log)
 
     called = {
         name: sum(1 for c in outcome.calls if c.split("\t")[0] == name)

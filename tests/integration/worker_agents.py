@@ -125,12 +125,15 @@ def notify_first(ctx: Any) -> Any:
 
 
 @workflow(name="wa_fenced")
-def fenced(ctx: Any) -> Any:
-    """Three IDEMPOTENT steps; the middle one can freeze its process."""
+def fenced(ctx: Any, middle: str = "pausable") -> Any:
+    """Two IDEMPOTENT effects around a middle step: ``pausable`` (IDEMPOTENT with a derived key,
+    and it can freeze its process) or ``notify`` (AT_MOST_ONCE: its opening is committed before
+    the call)."""
     first = yield ToolCall("effect", {"n": 0})
-    middle = yield ToolCall("pausable", {"n": 1})
+    args = {"n": 1} if middle == "pausable" else {"to": ctx.run_id}
+    done = yield ToolCall(middle, args)
     last = yield ToolCall("effect", {"n": 2})
-    return {"keys": [first["key"], middle["key"], last["key"]], "middle_pid": middle["pid"]}
+    return {"keys": [first["key"], done.get("key"), last["key"]], "middle_pid": done.get("pid")}
 
 
 @workflow(name="wa_sleeper")
