@@ -235,7 +235,9 @@ def test_a_step_interrupted_mid_flight_is_still_matched_by_fingerprint(
         return flow
 
     rt = runtime({NAME: keyed("two")})
-    assert crash(crashpoints.AFTER_TOOL_DISPATCHED, 2, lambda: rt.start(NAME, {"to": TO}, run_id="nd"))
+    assert crash(
+        crashpoints.AFTER_TOOL_DISPATCHED, 2, lambda: rt.start(NAME, {"to": TO}, run_id="nd")
+    )
     log_before = event_rows(db)
     assert [r[2:4] for r in log_before[-2:]] == [("STEP_STARTED", 3), ("TOOL_DISPATCHED", 3)]
     with pytest.raises(NonDeterminismError) as raised:

@@ -106,7 +106,7 @@ def _begin(call: StepCall, spec: AttemptSpec, retry_pending: bool) -> Opening:
     ambiguous). Commits them now when a crash during the call must find them (see the module
     docstring); otherwise returns them for the closing commit."""
     crashpoints.reach(crashpoints.BEFORE_STEP_STARTED)
-    started = [(events.STEP_STARTED, call.step.fingerprint, call.step.canonical)]
+    started: list[NewEvent] = [(events.STEP_STARTED, call.step.fingerprint, call.step.canonical)]
     wake_at_s = None if retry_pending else KEEP
     dispatch = spec.dispatch
     journal = call.journal
@@ -115,7 +115,10 @@ def _begin(call: StepCall, spec: AttemptSpec, retry_pending: bool) -> Opening:
         crashpoints.reach(crashpoints.AFTER_STEP_STARTED)
         return WRITTEN
     crashpoints.reach(crashpoints.AFTER_STEP_STARTED)
-    opening = [*started, (events.TOOL_DISPATCHED, None, codec.encode({"key": dispatch.key}))]
+    opening: list[NewEvent] = [
+        *started,
+        (events.TOOL_DISPATCHED, None, codec.encode({"key": dispatch.key})),
+    ]
     if not dispatch.at_most_once and dispatch.claim is None:
         crashpoints.reach(crashpoints.AFTER_TOOL_DISPATCHED)
         return Opening(opening, disarm=retry_pending)
@@ -126,9 +129,7 @@ def _begin(call: StepCall, spec: AttemptSpec, retry_pending: bool) -> Opening:
     return WRITTEN
 
 
-def _complete(
-    call: StepCall, spec: AttemptSpec, value: Any, attempt: int, opening: Opening
-) -> Any:
+def _complete(call: StepCall, spec: AttemptSpec, value: Any, attempt: int, opening: Opening) -> Any:
     """Record the result, and a tool's side_effects row with it, in one durable transaction."""
     dispatch = spec.dispatch
     try:

@@ -43,12 +43,20 @@ function health(text) {
 
 // -- the run list ---------------------------------------------------------------------------
 
-async function pollList() {
+function listQuery() {
   const q = new URLSearchParams({ offset: String(list.offset) });
   if (list.status) q.set("status", list.status);
+  return q.toString();
+}
+
+async function pollList() {
+  const q = listQuery();
   try {
     const page = await getJSON(`/api/runs?${q}`);
     health("");
+    // A page asked for before the filter or the offset changed is dropped: drawn, it would
+    // overwrite the page the reader asked for last.
+    if (q !== listQuery()) return;
     drawList(page);
   } catch (err) {
     health(err.status === 503 || !err.status ? "database unavailable: " + err.message : err.message);
