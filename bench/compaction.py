@@ -315,7 +315,7 @@ def build_completed(db: Path, plan: Plan, expected: Any) -> tuple[float, dict[st
                 f"{agent.model_calls} model and {agent.tool.calls} tool calls for "
                 f"{plan.steps} steps"
             )
-        metrics = agent.rt.metrics(RUN_ID).model_dump()
+        metrics = agent.rt.metrics(RUN_ID).as_dict()
     finally:
         agent.close()
     return build_s, metrics
@@ -367,7 +367,7 @@ def compact_copy(base: Path, db: Path, keep_last: int, folded: int) -> dict[str,
     return {
         "compact_ns": ns,
         "reported": {
-            "run": report.runs[0].model_dump() if report.runs else None,
+            "run": report.runs[0].as_dict() if report.runs else None,
             "bytes_before": report.bytes_before,
             "bytes_after": report.bytes_after,
         },
@@ -435,7 +435,7 @@ def measure_replay(
             same(
                 f"metrics() ({folded} steps folded)",
                 reference["metrics"],
-                agent.rt.metrics(RUN_ID).model_dump(),
+                agent.rt.metrics(RUN_ID).as_dict(),
             )
         for _ in range(plan.warmup):
             for agent in agents.values():
@@ -630,7 +630,7 @@ def repetition(work: Path, rep: int, plan: Plan, expected: Any) -> dict[str, Any
         "resume": resume,
         "tail": tail,
         "metrics": metrics,
-        "replay_state": reference["replay"].model_dump(),
+        "replay_state": reference["replay"].as_dict(),
     }
 
 

@@ -17,22 +17,23 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
-
-from pydantic import BaseModel
 
 from durabl import events
 from durabl.errors import MissingSnapshotError
 from durabl.events import Event
 from durabl.replay import read_snapshot
+from durabl.states import Report
 from durabl.store.base import Store
 
 _KINDS = {'["model"': "model", '["tool",': "tool", '["sleep"': "sleep"}
 
 
-class Metrics(BaseModel):
-    """The figures of one run, or the sums over many (``runs`` says how many)."""
+@dataclass(slots=True, kw_only=True)
+class Metrics(Report):
+    """The figures of one run, or the sums over many (``runs`` says how many). Not frozen: the
+    fold counts into it in place."""
 
     runs: int = 1
     steps: int = 0
@@ -68,8 +69,9 @@ class Metrics(BaseModel):
     """Time between arming and firing timers, summed."""
 
     def __add__(self, other: Metrics) -> Metrics:
-        a, b = self.model_dump(), other.model_dump()
-        return Metrics(**{k: a[k] + b[k] for k in a})
+        return Metrics(
+            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
+        )
 
 
 @dataclass(slots=True)
@@ -180,7 +182,7 @@ class MetricsFold:
         if self.open:
             raise ValueError(f"steps {sorted(self.open)} are open; only a resolved prefix folds")
         return {
-            "metrics": self.m.model_dump(),
+            "metrics": self.m.as_dict(),
             "done_positions": self.done_positions,
             "first_at_s": self.first_at_s,
             "last_at_s": self.last_at_s,

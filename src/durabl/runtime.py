@@ -11,6 +11,9 @@ Seams. Three members are meant to be overridden, and only to test the chaos harn
 negative control's deliberately broken runtimes (``tests/chaos/broken_runtime.py``) plant each
 of their bugs in exactly one of them. ``journal_class`` (the write path), ``decide`` (the
 replay decision) and ``call_tool`` (handing control to a tool).
+
+``durabl.operator``, ``durabl.metrics`` and ``durabl.worker`` are imported by the methods that
+use them: starting a run needs none of them, so ``import durabl`` costs only what it does need.
 """
 
 from __future__ import annotations
@@ -19,22 +22,24 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from durabl import codec, events, leases, operator, replay
+from durabl import codec, events, leases, replay
 from durabl.checks import check_type
 from durabl.engine import Engine
 from durabl.errors import DeadLetteredError, RunFailedError, RunNotFinishedError
 from durabl.execute import Services
 from durabl.journal import Journal, Writer
-from durabl.metrics import Metrics, of_runs
 from durabl.replay import History, StepRecord
 from durabl.states import Compaction, DeadLetter, RunCompaction, RunState
 from durabl.steps import Step
 from durabl.store import SQLiteStore, Store
 from durabl.tools import RetryPolicy, Tool, build_registry
-from durabl.worker import POLL_S, Worker, WorkerStats
 from durabl.workflow import build_registry as build_workflow_registry
+
+if TYPE_CHECKING:
+    from durabl.metrics import Metrics
+    from durabl.worker import Worker, WorkerStats
 
 
 class Runtime:
@@ -107,9 +112,12 @@ class Runtime:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def serve(self, *, concurrency: int = 1, poll_s: float = POLL_S) -> WorkerStats:
+    def serve(self, *, concurrency: int = 1, poll_s: float = 1.0) -> WorkerStats:
         """Run a worker on this runtime until ``stop()`` is called (from another thread or a
-        signal handler): resume interrupted runs, fire timers as they come due."""
+        signal handler): resume interrupted runs, fire timers as they come due. ``poll_s``
+        defaults to ``durabl.worker.POLL_S``."""
+        from durabl.worker import Worker
+
         worker = Worker(self._engine, concurrency=concurrency, poll_s=poll_s)
         self._worker = worker
         if self._engine.halted:
@@ -195,6 +203,8 @@ class Runtime:
     def metrics(self, run_id: str | None = None) -> Metrics:
         """What the run cost (or, with ``run_id`` None, the sums over every run), from the log
         alone: see ``durabl.metrics``."""
+        from durabl.metrics import of_runs
+
         run_ids = [self._engine.row(run_id).run_id] if run_id is not None else None
         return of_runs(self.store, run_ids)
 
@@ -202,18 +212,26 @@ class Runtime:
 
     def dead_letters(self) -> list[DeadLetter]:
         """Every run stopped on a dead-lettered step, oldest first."""
+        from durabl import operator
+
         return operator.dead_letters(self._engine)
 
     def redrive(self, run_id: str) -> RunState:
         """Call the dead-lettered step again (the operator accepts a possible duplicate)."""
+        from durabl import operator
+
         return operator.redrive(self._engine, run_id)
 
     def resolve(self, run_id: str, result: Any) -> RunState:
         """Supply the dead-lettered step's result (the operator checked what happened)."""
+        from durabl import operator
+
         return operator.resolve(self._engine, run_id, result)
 
     def cancel(self, run_id: str, reason: str = "cancelled by operator") -> RunState:
         """End a run that has not finished. Recorded in the log; the run never resumes."""
+        from durabl import operator
+
         return operator.cancel(self._engine, run_id, reason)
 
     def compact(
@@ -224,6 +242,8 @@ class Runtime:
         space back to the file system. ``run_id`` None means every run; then a run another
         live process is driving is skipped (listed in ``busy``), and a run that cannot be
         folded (listed in ``errors``) does not stop the others. Replay is unchanged either way."""
+        from durabl import operator
+
         return operator.compact(self._engine, run_id, keep_last, reclaim)
 
 

@@ -1,19 +1,30 @@
 """What the runtime reports: a run's state, a dead letter, what compaction did, and how far one
-pass through a run has got."""
+pass through a run has got.
+
+Plain dataclasses: the runtime builds them from values it has checked already, so they validate
+nothing. ``as_dict`` gives the JSON form the command line prints.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+
+class Report:
+    """A record the runtime hands back, and prints as JSON through ``as_dict``."""
+
+    __slots__ = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields as a new dict of JSON types (nested records become dicts)."""
+        return asdict(self)  # type: ignore[call-overload]
 
 
-class RunState(BaseModel):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunState(Report):
     """A run as the caller sees it. ``steps_replayed``/``steps_executed`` count, for the call
     that produced this state, the steps served from the log and the steps that ran for real."""
-
-    model_config = ConfigDict(frozen=True)
 
     run_id: str
     workflow: str
@@ -26,10 +37,9 @@ class RunState(BaseModel):
     next_step: str | None = None
 
 
-class DeadLetter(BaseModel):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeadLetter(Report):
     """A run stopped on a step durabl will not guess about."""
-
-    model_config = ConfigDict(frozen=True)
 
     run_id: str
     workflow: str
@@ -40,7 +50,8 @@ class DeadLetter(BaseModel):
     idempotency_key: str | None = None
 
 
-class RunCompaction(BaseModel):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunCompaction(Report):
     """What compaction did to one run."""
 
     run_id: str
@@ -52,13 +63,14 @@ class RunCompaction(BaseModel):
     events_kept: int
 
 
-class Compaction(BaseModel):
-    """What ``Runtime.compact`` did."""
+@dataclass(slots=True, kw_only=True)
+class Compaction(Report):
+    """What ``Runtime.compact`` did. Filled in as the runs are folded, so not frozen."""
 
-    runs: list[RunCompaction] = []
-    busy: list[str] = []
+    runs: list[RunCompaction] = field(default_factory=list)
+    busy: list[str] = field(default_factory=list)
     """Runs skipped because another live process is driving them."""
-    errors: dict[str, str] = {}
+    errors: dict[str, str] = field(default_factory=dict)
     """Runs that could not be folded (a damaged log, say), with the reason; the others were."""
     bytes_before: int | None = None
     """The file's size (WAL included) before anything was folded; None without reclaim."""

@@ -1,14 +1,22 @@
 """`import durabl` pulls in nothing the first Runtime.start does not need: no network stack, no
-command line, no dashboard, no benchmark."""
+command line, no dashboard, no benchmark, no validation library, and none of the runtime's parts
+that only other calls use (the operator, the metrics, the long-running worker)."""
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
+
+from durabl import worker
+from durabl.runtime import Runtime
 
 NOT_NEEDED = (
     "urllib.request", "http.client", "ssl", "rich",
     "durabl.cli", "durabl.ui", "durabl.bench",
+    "pydantic", "pydantic_core", "importlib.metadata", "importlib.resources", "email",
+    "urllib.parse", "socket", "selectors", "concurrent.futures",
+    "durabl.operator", "durabl.metrics", "durabl.worker",
 )  # fmt: skip
 
 
@@ -16,3 +24,9 @@ def test_import_durabl_stays_light() -> None:
     probe = f"import durabl, sys; print(' '.join(m for m in {NOT_NEEDED!r} if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.split() == []
+
+
+def test_serve_polls_as_often_as_a_worker_by_default() -> None:
+    # Runtime.serve names the default itself, so that importing the runtime imports no worker.
+    default = inspect.signature(Runtime.serve).parameters["poll_s"].default
+    assert default == worker.POLL_S

@@ -244,7 +244,7 @@ def test_metrics_add_field_by_field() -> None:
     two = figures(Log().step_done(1, SEARCH, ["a"]).resumed().step_done(2, NAP))
     total = one + two
     assert total.runs == 2
-    for name, value in total.model_dump().items():
+    for name, value in total.as_dict().items():
         assert value == getattr(one, name) + getattr(two, name), name
     assert (total.steps, total.model_calls, total.tool_calls, total.sleeps) == (3, 1, 1, 1)
     assert (total.input_tokens, total.resumes, total.replayed_steps) == (3, 1, 1)
@@ -273,7 +273,7 @@ def rich_log() -> Log:
 
 def test_the_rich_log_has_something_in_every_figure() -> None:
     m = figures(rich_log())
-    zero = [name for name, value in m.model_dump().items() if not value]
+    zero = [name for name, value in m.as_dict().items() if not value]
     assert zero == [], f"the rich log leaves {zero} at zero"
 
 

@@ -109,7 +109,7 @@ def _metrics(args: argparse.Namespace) -> int:
             row = require_run(store, args.run)
             each = [(row, of_run(store, row.run_id))]
     per_run = [
-        {"run_id": row.run_id, "workflow": row.workflow, "status": row.status, **m.model_dump()}
+        {"run_id": row.run_id, "workflow": row.workflow, "status": row.status, **m.as_dict()}
         for row, m in each
     ]
     if args.run is not None:
@@ -122,7 +122,7 @@ def _metrics(args: argparse.Namespace) -> int:
     headers += ["TOKENS", "RE-EXECUTED TOKENS", "WALL (S)"]
     emit(
         args,
-        {"total": total.model_dump(), "runs": per_run},
+        {"total": total.as_dict(), "runs": per_run},
         counted(total.runs, "run"),
         Grid(["FIGURE", "VALUE"], _figures(total)),
         Grid(headers, table) if table else "no runs",

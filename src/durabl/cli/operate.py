@@ -152,7 +152,7 @@ def _dlq_list(args: argparse.Namespace) -> int:
         for d in letters
     ]
     grid = Grid(["RUN", "WORKFLOW", "STEP", "DESCRIPTION", "REASON"], table)
-    payload = [d.model_dump(mode="json") for d in letters]
+    payload = [d.as_dict() for d in letters]
     emit(args, payload, grid if letters else "no dead letters")
     return EXIT_OK
 
@@ -175,7 +175,7 @@ def _dlq_cancel(args: argparse.Namespace, rt: Runtime) -> int:
 
 def _tick(args: argparse.Namespace, rt: Runtime) -> int:
     states = rt.tick(now=args.now)
-    payload = [s.model_dump(mode="json") for s in states]
+    payload = [s.as_dict() for s in states]
     text = "\n".join(state_text(s) for s in states) or "no timers due"
     emit(args, payload, text)
     return EXIT_OK
@@ -193,5 +193,5 @@ def _compact(args: argparse.Namespace, rt: Runtime) -> int:
         parts.append(f"skipped, driven by a live process: {', '.join(report.busy)}")
     parts.extend(f"not compacted: {run_id}: {why}" for run_id, why in report.errors.items())
     parts.append(f"file: {report.bytes_before} bytes before, {report.bytes_after} bytes after")
-    emit(args, report.model_dump(mode="json"), *parts)
+    emit(args, report.as_dict(), *parts)
     return EXIT_FAILED if report.errors else EXIT_OK

@@ -109,5 +109,5 @@ def state_text(state: RunState) -> str:
 
 def print_state(args: argparse.Namespace, state: RunState) -> int:
     """Print a run's state; the exit code: 1 if the run ended FAILED, else 0."""
-    emit(args, state.model_dump(mode="json"), state_text(state))
+    emit(args, state.as_dict(), state_text(state))
     return EXIT_FAILED if state.status == events.FAILED else EXIT_OK

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from urllib.parse import quote
 
 from durabl.errors import ForeignDatabaseError, SchemaVersionError, UninitialisedError, WalModeError
 from durabl.store.files import check_file
@@ -32,7 +31,10 @@ def _open(path: str, *, read_only: bool, writer: bool) -> sqlite3.Connection:
     try:
         if read_only:
             # a file: URI of the path, escaped as urllib.request.pathname2url does on POSIX,
-            # without importing urllib.request (http.client, email, ssl: ~40 ms at import)
+            # without importing urllib.request (http.client, email, ssl: ~40 ms at import).
+            # Imported here: a writer opening a new file needs no URI.
+            from urllib.parse import quote
+
             uri = f"file:{quote(os.path.abspath(path))}?mode=ro"
             conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA query_only = ON")

@@ -9,10 +9,10 @@ edited, because the triggers it created are in databases users already have.
 from __future__ import annotations
 
 import operator
+import os
 import re
 import sqlite3
 from collections.abc import Callable, Mapping
-from importlib import resources
 from typing import Any
 
 APPLICATION_ID = 0x64726231  # "drb1": marks a file as a durabl database
@@ -21,8 +21,18 @@ TRIGGER_MARKER = "durabl:"
 """How every trigger's RAISE message starts: the mark of a refusal by durabl's own schema."""
 
 
+_SQL_DIR = os.path.join(os.path.dirname(__file__), "sql")
+"""The package's SQL files. durabl is installed as plain files, so they are read from its
+directory: importlib.resources would cost more at import than everything else here."""
+
+
+def _read_sql(name: str) -> str:
+    with open(os.path.join(_SQL_DIR, name), encoding="utf-8") as handle:
+        return handle.read()
+
+
 def _load_queries() -> dict[str, str]:
-    text = resources.files("durabl.store").joinpath("sql/sqlite_queries.sql").read_text()
+    text = _read_sql("sqlite_queries.sql")
     queries: dict[str, str] = {}
     for block in re.split(r"^-- name: ", text, flags=re.M)[1:]:
         name, _, body = block.partition("\n")
@@ -31,12 +41,11 @@ def _load_queries() -> dict[str, str]:
 
 
 def _load_migrations() -> list[tuple[int, str]]:
-    folder = resources.files("durabl.store").joinpath("sql")
     found = []
-    for entry in folder.iterdir():
-        match = re.fullmatch(r"sqlite_(\d{4})_\w+\.sql", entry.name)
+    for name in os.listdir(_SQL_DIR):
+        match = re.fullmatch(r"sqlite_(\d{4})_\w+\.sql", name)
         if match:
-            found.append((int(match.group(1)), entry.read_text()))
+            found.append((int(match.group(1)), _read_sql(name)))
     return sorted(found)
 
 
