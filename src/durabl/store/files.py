@@ -22,8 +22,9 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 HEADER_BYTES = 100
 
 
-def check_file(path: str, *, read_only: bool) -> None:
-    """Refuse foreign, truncated or newer files before SQLite gets a chance to touch them."""
+def check_file(path: str, *, read_only: bool) -> bytes | None:
+    """Refuse foreign, truncated or newer files before SQLite gets a chance to touch them.
+    Returns the file's 100-byte header, or None for a missing or empty file."""
     if os.path.isdir(path):
         raise DirectoryNotFileError(path=path)
     if not os.path.exists(path):
@@ -33,7 +34,7 @@ def check_file(path: str, *, read_only: bool) -> None:
         if not os.path.isdir(parent):
             raise MissingFileError(path=path, directory=parent)
         _check_writable_dir(path)
-        return
+        return None
     if not read_only:
         _check_writable_dir(path)
         if not os.access(path, os.W_OK):
@@ -42,7 +43,7 @@ def check_file(path: str, *, read_only: bool) -> None:
     if size == 0:
         if read_only:
             raise EmptyFileError(path=path)
-        return
+        return None
     with open(path, "rb") as handle:
         header = handle.read(HEADER_BYTES)
     if len(header) < HEADER_BYTES or not header.startswith(SQLITE_MAGIC):
@@ -52,6 +53,19 @@ def check_file(path: str, *, read_only: bool) -> None:
     # writes the header before the pages that extend the file: the sizes only agree at rest.
     if promised is not None and not _wal_in_use(path) and size < promised:
         raise TruncatedFileError(path=path, promised_bytes=promised, found_bytes=size)
+    return header
+
+
+def is_current_durabl(header: bytes, application_id: int, version: int) -> bool:
+    """Whether a header says: a durabl database of ``version``, in WAL mode. The header can
+    lag behind the WAL, but never about a file's identity: durabl sets its application id in the
+    file's first transaction and never changes it, and a header that says WAL is a WAL file."""
+    wal = header[18] == header[19] == 2
+    return (
+        wal
+        and int.from_bytes(header[68:72], "big") == application_id
+        and int.from_bytes(header[60:64], "big") == version
+    )
 
 
 def _promised_bytes(header: bytes) -> int | None:

@@ -77,8 +77,11 @@ WHERE wake_at_s IS NOT NULL AND wake_at_s <= :now_s ORDER BY wake_at_s;
 -- name: next_wake
 SELECT MIN(wake_at_s) FROM runs WHERE wake_at_s IS NOT NULL;
 
--- name: count_tables
-SELECT COUNT(*) FROM sqlite_master WHERE type = 'table';
+-- name: identity
+-- What a file is, in one statement: (application id, schema version, number of tables).
+SELECT (SELECT application_id FROM pragma_application_id()),
+       (SELECT user_version FROM pragma_user_version()),
+       (SELECT COUNT(*) FROM sqlite_master WHERE type = 'table');
 
 -- name: take_lease
 UPDATE runs SET lease_owner = :lease_owner, lease_pid = :lease_pid, lease_host = :lease_host,
