@@ -8,10 +8,14 @@ same value (a tuple becomes a list both times, not only on replay).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import zlib
 from typing import Any
+
+try:  # the module hashlib takes blake2b from; hashlib itself also loads OpenSSL (~2 ms)
+    from _blake2 import blake2b
+except ImportError:  # an interpreter without it
+    from hashlib import blake2b
 
 from durabl.errors import EncodingError
 
@@ -107,7 +111,7 @@ def round_trip(value: Any, *, what: str = "value") -> tuple[str, Any]:
 
 def fingerprint(canonical_text: str) -> str:
     """A short stable hash of a step's canonical description."""
-    return hashlib.blake2b(canonical_text.encode(), digest_size=10).hexdigest()
+    return blake2b(canonical_text.encode(), digest_size=10).hexdigest()
 
 
 def checksum(seq: int, kind: str, step: int, fp: str | None, data: str | None, at_s: float) -> int:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import logging
-import random as _random
+import os
 import uuid as _uuid
 from collections.abc import Callable
 from typing import Any, Protocol
 
-logger = logging.getLogger("durabl.workflow")
-_entropy = _random.SystemRandom()
+
+def _entropy() -> float:
+    """A float in [0, 1) from the OS's randomness, with 53 random bits: what
+    ``random.SystemRandom().random()`` returns, without importing ``random``."""
+    return (int.from_bytes(os.urandom(7), "big") >> 3) / (1 << 53)
 
 
 class _ValueSource(Protocol):
@@ -54,7 +56,7 @@ class Context:
 
     def random(self) -> float:
         """A float in [0, 1), recorded on first call."""
-        return float(self._source.ctx_value("random", _entropy.random))
+        return float(self._source.ctx_value("random", _entropy))
 
     def uuid(self) -> str:
         """A random UUID4 string, recorded on first call."""
@@ -63,4 +65,8 @@ class Context:
     def log(self, message: str) -> None:
         """Log a line from the workflow; silent while replaying, so each line appears once."""
         if not self._source.replaying:
-            logger.info("[%s %s] %s", self.workflow, self.run_id, message)
+            import logging  # here, not at import: most workflows never log
+
+            logging.getLogger("durabl.workflow").info(
+                "[%s %s] %s", self.workflow, self.run_id, message
+            )

@@ -10,7 +10,6 @@ is due, and "drive this one".
 from __future__ import annotations
 
 import contextlib
-import logging
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -29,8 +28,6 @@ from durabl.steps import Step
 from durabl.store.base import RunRow, Store
 from durabl.store.reads import require_run
 from durabl.workflow import Workflow
-
-logger = logging.getLogger("durabl")
 
 
 class Engine:
@@ -155,7 +152,11 @@ class Engine:
         except crashpoints.ProcessDeath:
             raise
         except Exception as exc:
-            logger.warning("run %s (%s) could not be resumed: %s", row.run_id, row.workflow, exc)
+            import logging  # only here: a run that cannot be resumed is rare
+
+            logging.getLogger("durabl").warning(
+                "run %s (%s) could not be resumed: %s", row.run_id, row.workflow, exc
+            )
             latest = self.store.get_run(row.run_id) or row
             return RunState(
                 run_id=row.run_id, workflow=row.workflow, status=latest.status, error=str(exc)
