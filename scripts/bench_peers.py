@@ -49,13 +49,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only-venvs", action="store_true", help="build the virtualenvs and stop")
+    parser.add_argument(
+        "--peer", action="append", help="with --only-venvs: build only this one (repeatable)"
+    )
     args = parser.parse_args(argv)
     VENVS.mkdir(exist_ok=True)
     for requirements in sorted(PEERS.glob("*.txt")):
         name = requirements.stem
+        if args.peer and name not in args.peer:
+            continue
         print(f"{name:<10} {build(name, requirements)}", flush=True)
     if args.only_venvs:
         return 0
+    if args.peer:
+        parser.error("--peer builds virtualenvs only: give --only-venvs too")
     fresh = args.out.with_name(args.out.name + ".new")
     shutil.rmtree(fresh, ignore_errors=True)
     bench = [
