@@ -30,10 +30,10 @@ run first, on the copy as built; the scale part then adds its runs to that copy.
    order, each durabl run paired with the plain run of its repetition. The ratio big/empty, of
    the medians and of the means (process-mode runs are bimodal: a WAL checkpoint lands in about
    every other run), must stay within 1.2.
-2. reads on the big database: ``durabl runs`` (all runs; also ``--status RUNNING`` and ``--limit
-   25``) as a whole process, and inside its process from ``main()`` to the output written (what
-   the 50 ms target is judged on: interpreter start-up and imports are not the database's
-   cost), and ``SQLiteStore.list_runs``, the query it calls, in this process. The dashboard's
+2. reads on the big database: ``durabl runs`` as typed (the newest 100 runs; the 50 ms target
+   is judged on it), with ``--all``, ``--status RUNNING`` and ``--limit 25``, as a whole process
+   and inside its process from ``main()`` to the output written (what the target is judged on:
+   interpreter start-up and imports are not the database's cost), and ``SQLiteStore.list_runs``, the query it calls, in this process. The dashboard's
    two polls, ``/api/runs`` (the run list) and ``/api/runs/<id>?after=<last seq>`` (a watched
    RUNNING run, nothing new), in this process through ``durabl.ui.server``'s own handlers and
    end to end through its HTTP server on a loopback port.
@@ -675,11 +675,13 @@ print(json.dumps({"code": code, "import_ms": (imported - t0) * 1000, "main_ms": 
 """A ``durabl`` process that times itself from ``main()`` to its output written."""
 
 CLI_CASES = {
-    "all": [],
+    "default": [],
+    "all": ["--all"],
     "status_running": ["--status", "RUNNING"],
     "limit_25": ["--limit", "25"],
 }
-"""``durabl runs`` as a user types it (``all``: the default, every run) and two narrower asks."""
+"""``durabl runs`` as a user types it (``default``: the newest 100), with ``--all`` (every run)
+and two narrower asks."""
 
 
 def ms_since(t0: int) -> float:
@@ -1138,7 +1140,7 @@ def assess(report: Report) -> dict[str, Any]:
         "scale_ratio_full": max(
             s["full"]["ratio_median_big_over_empty"], s["full"]["ratio_mean_big_over_empty"]
         ),
-        "cli_runs_in_process_ms_median": c["all"]["in_process_ms"]["median"],
+        "cli_runs_in_process_ms_median": c["default"]["in_process_ms"]["median"],
         "dashboard_list_in_process_ms_median": d["list"]["in_process_ms"]["median"],
         "dashboard_poll_in_process_ms_median": d["poll"]["in_process_ms"]["median"],
         "dashboard_list_http_ms_median": d["list"]["http_ms"]["median"],

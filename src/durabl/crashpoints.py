@@ -19,9 +19,12 @@ AFTER_RUN_STARTED = "after_run_started"
 BEFORE_STEP_STARTED = "before_step_started"
 """The workflow yielded a step the log has not seen; nothing of it is recorded."""
 AFTER_STEP_STARTED = "after_step_started"
-"""STEP_STARTED is committed; control has not left durabl, so the tool or model did not run."""
+"""The attempt has begun and control has not left durabl, so the tool or model did not run. A
+model call's STEP_STARTED is committed; a tool's is committed with its TOOL_DISPATCHED."""
 AFTER_TOOL_DISPATCHED = "after_tool_dispatched"
-"""TOOL_DISPATCHED is committed: from here until the completion commits, a crash is ambiguous."""
+"""The tool is about to be called. For an AT_MOST_ONCE tool or an explicit key, STEP_STARTED and
+TOOL_DISPATCHED are committed, and from here until the completion commits a crash is ambiguous;
+an IDEMPOTENT tool with a derived key commits them with its outcome, so a crash leaves nothing."""
 AFTER_TOOL_RETURNED = "after_tool_returned"
 """The tool returned (or raised); its outcome is not recorded. The ambiguous window."""
 AFTER_MODEL_RETURNED = "after_model_returned"

@@ -97,9 +97,10 @@ def test_reads(report: dict[str, Any]) -> None:
     cli, dashboard, db = report["cli"], report["dashboard"], report["database"]
     samples = report["plan"]["process_samples"]
     assert cli["all"]["rows"] == db["runs"]
+    assert cli["default"]["rows"] == min(100, db["runs"])
     assert cli["status_running"]["rows"] == db["runs_by_status"]["RUNNING"]
     assert cli["limit_25"]["rows"] == 25
-    for case in ("all", "status_running", "limit_25"):
+    for case in ("default", "all", "status_running", "limit_25"):
         for name in ("whole_process_ms", "import_ms", "in_process_ms"):
             summarised(cli[case][name], samples)
         assert len(cli[case]["raw_in_process_ms"]) == samples
