@@ -9,6 +9,7 @@ same value (a tuple becomes a list both times, not only on replay).
 from __future__ import annotations
 
 import json
+import json.scanner
 import zlib
 from typing import Any
 
@@ -23,6 +24,10 @@ _ENCODER = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
 )
 _decode = json.JSONDecoder().decode
+# The C scanner JSONDecoder.decode wraps, called directly: decode() adds two regex matches for
+# whitespace that canonical text never has, and durabl decodes a result on every step served.
+_MAKE_SCANNER = getattr(json.scanner, "c_make_scanner", None)  # None without the C accelerator
+_scan = None if _MAKE_SCANNER is None else _MAKE_SCANNER(json.JSONDecoder())
 
 # The same encoder, made once. JSONEncoder.encode builds a new C encoder on every call, which
 # is most of what encoding a small record costs, and durabl encodes several on every step. This
@@ -36,6 +41,9 @@ _C_ENCODER = (
         None, _ENCODER.default, json.encoder.encode_basestring, None, ":", ",", True, False, False
     )
 )
+
+
+_encode_str = json.encoder.encode_basestring
 
 
 def _json(value: Any) -> str:
@@ -95,18 +103,37 @@ _CONTAINERS = (dict, list, tuple)
 
 def decode(text: str) -> Any:
     """Inverse of ``encode``."""
-    return _decode(text)
+    if _scan is not None:
+        try:
+            value, end = _scan(text, 0)
+        except StopIteration:  # not JSON at its first character: let decode() say why
+            return _decode(text)
+        if end == len(text):
+            return value
+    return _decode(text)  # whitespace or more after the value: decode() takes it or says why
 
 
 def decode_or_none(text: str | None) -> Any:
     """``decode``, for a column that may be NULL: None stays None."""
-    return None if text is None else _decode(text)
+    return None if text is None else decode(text)
 
 
 def round_trip(value: Any, *, what: str = "value") -> tuple[str, Any]:
     """Encode ``value`` and decode it again; returns (text, the value as replay will see it)."""
     text = encode(value, what=what)
-    return text, _decode(text)
+    return text, decode(text)
+
+
+def encode_str(text: str, *, what: str = "value") -> str:
+    """``encode`` of one string, without the walk a container needs: for the records durabl
+    builds around a string it holds (a key)."""
+    out = _encode_str(text)
+    if not out.isascii():
+        try:
+            out.encode()  # a lone surrogate has no UTF-8 form and could not be stored
+        except UnicodeEncodeError as exc:
+            raise EncodingError(what=what, reason=str(exc)) from None
+    return out
 
 
 def fingerprint(canonical_text: str) -> str:

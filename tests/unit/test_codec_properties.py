@@ -7,6 +7,7 @@ execution.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Any
@@ -67,6 +68,32 @@ def test_round_trip_is_idempotent(value: Any) -> None:
 def test_encoding_is_utf8_text(value: Any) -> None:
     text = codec.encode(value)
     assert text.encode("utf-8").decode("utf-8") == text
+
+
+@PROPERTY_SETTINGS
+@given(json_values)
+def test_decode_reads_what_json_reads_with_or_without_whitespace(value: Any) -> None:
+    text = codec.encode(value)
+    assert codec.decode(text) == json.loads(text)
+    assert codec.decode(f" {text}\n") == value
+
+
+@pytest.mark.parametrize("text", ["", "{", '{"a":1}x', "[1,2", '"open'])
+def test_decode_refuses_what_is_not_one_json_value(text: str) -> None:
+    with pytest.raises(json.JSONDecodeError):
+        codec.decode(text)
+
+
+@PROPERTY_SETTINGS
+@given(st.text())
+def test_encode_str_is_encode_of_a_string(text: str) -> None:
+    try:
+        expected = codec.encode(text)
+    except EncodingError:
+        with pytest.raises(EncodingError):
+            codec.encode_str(text)
+        return
+    assert codec.encode_str(text) == expected
 
 
 def test_keys_are_sorted_and_separators_compact() -> None:

@@ -117,7 +117,7 @@ def _begin(call: StepCall, spec: AttemptSpec, retry_pending: bool) -> Opening:
     crashpoints.reach(crashpoints.AFTER_STEP_STARTED)
     opening: list[NewEvent] = [
         *started,
-        (events.TOOL_DISPATCHED, None, codec.encode({"key": dispatch.key})),
+        (events.TOOL_DISPATCHED, None, f'{{"key":{codec.encode_str(dispatch.key)}}}'),
     ]
     if not dispatch.at_most_once and dispatch.claim is None:
         crashpoints.reach(crashpoints.AFTER_TOOL_DISPATCHED)
