@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 CHROMIUM := /usr/bin/chromium
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint imports bench bench-peers chaos numbers clean
+.PHONY: demo test lint imports bench bench-compare bench-peers chaos numbers clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,17 @@ bench: $(STAMP)
 	$(PY) -m bench.workers --out bench/results/workers.json
 	$(PY) -m bench.compaction --out bench/results/compaction.json
 	$(PY) -m bench.dashboard --out bench/results/dashboard.json
+	$(PY) -m bench.throughput --out bench/results/throughput.json
+	$(PY) -m bench.scale --out bench/results/scale.json
+
+# This checkout's durabl against durabl 0.1.0 on W40, side by side in one run; 0.1.0 runs in
+# its own virtualenv, .bench-venvs/durabl010, built from bench/peers/durabl010.txt.
+BASELINE := .bench-venvs/durabl010/.requirements-sha256
+$(BASELINE): bench/peers/durabl010.txt
+	$(PY) scripts/bench_peers.py --only-venvs --peer durabl010
+
+bench-compare: $(STAMP) $(BASELINE)
+	$(PY) -m bench.compare --out bench/results/compare.json
 
 # The durability benchmark over every runtime: builds each peer's virtualenv under .bench-venvs/
 # from bench/peers/*.txt, then kills them all (durabl bench --full-matrix).

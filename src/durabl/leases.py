@@ -168,9 +168,9 @@ class Leaser:
         return token
 
     def hold(self, run_id: str, token: int) -> None:
-        with self._lock:
+        with self._lock:  # also keeps two first holds from starting two heartbeats
             self.held[run_id] = token
-        self._start_heartbeat()
+            self._start_heartbeat()
 
     def release(self, run_id: str) -> None:
         with self._lock:
