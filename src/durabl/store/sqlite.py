@@ -237,6 +237,12 @@ class SQLiteStore:
     def _apply(self, statements: list[Statement], durable: bool) -> int:
         """Execute ``statements`` atomically, in one batch with whatever other threads are
         committing (see the module docstring); returns the rows the last one changed."""
+        if self._lock.acquire(blocking=False):
+            try:
+                if not self._queue:  # nobody else is committing: no batch to join or lead
+                    return self._commit_alone(statements, durable)
+            finally:
+                self._lock.release()
         mine = _Pending(statements, durable)
         with self._queue_lock:
             self._queue.append(mine)
@@ -250,6 +256,31 @@ class SQLiteStore:
         if mine.error is not None:
             raise mine.error
         return mine.changed
+
+    def _commit_alone(self, statements: list[Statement], durable: bool) -> int:
+        """``_commit_batch`` of one commit, without the batch's bookkeeping: the common case
+        of one thread committing. Called with the connection lock held."""
+        conn = self._live()
+        changed = 0
+        try:
+            self._set_sync(conn, durable)
+            if len(statements) == 1:  # its own transaction in autocommit mode
+                changed = self._execute(conn, statements[0])
+            else:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    for statement in statements:
+                        changed = self._execute(conn, statement)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+        except sqlite3.Error as exc:
+            raise storage_error(self.path, exc) from None
+        self.commits += 1
+        self.transactions += 1
+        return changed
 
     def _commit_batch(self, batch: list[_Pending]) -> None:
         """Commit ``batch`` in one transaction. Called with the connection lock held."""
