@@ -58,9 +58,81 @@ def negative_control_table(numbers: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+SCALE_TARGETS = {
+    "scale_ratio_process": "per-step cost, 1,000,000 events over an empty database, process",
+    "scale_ratio_full": "per-step cost, 1,000,000 events over an empty database, full",
+    "cli_runs_in_process_ms_median": "`durabl runs` on 10,000 runs, inside its process, ms",
+    "dashboard_list_in_process_ms_median": "dashboard run list on 10,000 runs, handler, ms",
+    "dashboard_poll_in_process_ms_median": "dashboard poll of a run, handler, ms",
+    "dashboard_list_http_ms_median": "dashboard run list over HTTP, ms",
+    "dashboard_poll_http_ms_median": "dashboard poll of a run over HTTP, ms",
+    "worker_parked_hwm_mb": "a worker holding 1,000 parked runs, peak RSS, MB",
+    "worker_parking_hwm_mb": "a worker parking 1,000 runs itself, peak RSS, MB",
+    "resume_peak_above_baseline_mb": "resuming a 10,000-step run, MB above the baseline",
+}
+"""How the README names each target of ``bench/results/scale.json``."""
+
+
+def _met(met: bool) -> str:
+    return "met" if met else "**missed**"
+
+
+def performance_table(numbers: dict[str, Any]) -> str:
+    lines = ["| Target | Measured | Limit | |", "|---|---|---|---|"]
+    for t in numbers["compare"]["targets"]:
+        lines.append(f"| {t['target']} | {t['value']:g} | {t['limit']:g} | {_met(t['met'])} |")
+    for key, t in numbers["scale"]["targets"].items():
+        lines.append(
+            f"| {SCALE_TARGETS[key]} | {t['measured']:g} | {t['target']:g} | {_met(t['met'])} |"
+        )
+    for c in numbers["throughput"]["target"]["cells"]:
+        lines.append(
+            f"| full-mode steps/s, {c['concurrency']} concurrent runs ({c['variant']}) / one "
+            f"fsync per step | {c['ratio_to_cap']:.3g} | > 1 | {_met(c['met'])} |"
+        )
+    return "\n".join(lines)
+
+
+THROUGHPUT_ROWS = (
+    ("durabl", "full", "durabl, full"),
+    ("durabl", "process", "durabl, process"),
+    ("dbos", "default", "DBOS"),
+    ("langgraph", "default", "LangGraph"),
+)
+
+
+def throughput_table(numbers: dict[str, Any]) -> str:
+    cells = [c for c in numbers["throughput"]["cells"] if c["kind"] == "threads"]
+    counts = sorted({c["concurrency"] for c in cells})
+    lines = [
+        "| Tool calls | Runtime | "
+        + " | ".join(f"{n} at once" for n in counts)
+        + f" | Commits per fsync, {counts[-1]} at once |",
+        "|---|---|" + "---|" * (len(counts) + 1),
+    ]
+    for variant in dict.fromkeys(c["variant"] for c in cells):
+        for runtime, mode, label in THROUGHPUT_ROWS:
+            row = {
+                c["concurrency"]: c
+                for c in cells
+                if (c["variant"], c["runtime"], c["mode"]) == (variant, runtime, mode)
+            }
+            if not row:
+                continue
+            shared = row[counts[-1]]["commits_per_transaction_median"] if mode == "full" else None
+            lines.append(
+                f"| {'instant' if variant == 'instant' else 'wait 2 ms'} | {label} | "
+                + " | ".join(f"{row[n]['steps_per_s_median']:,.0f}" for n in counts)
+                + f" | {'–' if shared is None else f'{shared:.1f}'} |"
+            )
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[dict[str, Any]], str]] = {
     "leaderboard": leaderboard_table,
     "negative_control": negative_control_table,
+    "performance": performance_table,
+    "throughput": throughput_table,
 }
 
 

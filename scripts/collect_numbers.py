@@ -12,6 +12,9 @@ file names its source:
   ``scripts/negative_control_report.py``);
 - the per-step cost and resume figures (``bench/results/w40.json``, from ``make bench``);
 - the dashboard's poll (``bench/results/dashboard.json``);
+- the side-by-side comparison with durabl 0.1.0 (``bench/results/compare.json``, from
+  ``make bench-compare``), throughput under concurrency and the large-database figures
+  (``bench/results/throughput.json``, ``bench/results/scale.json``, from ``make bench``);
 - the durability leaderboard (``bench/results/durability/leaderboard.json``, from
   ``make bench-peers``).
 
@@ -38,6 +41,9 @@ SOURCES = {
     "negative_control": "docs/negative_control_report.json",
     "w40": "bench/results/w40.json",
     "dashboard": "bench/results/dashboard.json",
+    "compare": "bench/results/compare.json",
+    "throughput": "bench/results/throughput.json",
+    "scale": "bench/results/scale.json",
     "leaderboard": "bench/results/durability/leaderboard.json",
 }
 
@@ -122,6 +128,85 @@ def dashboard() -> dict[str, Any]:
     }
 
 
+def _sig(x: float, digits: int = 3) -> float:
+    """``x`` to ``digits`` significant figures, as the README shows it."""
+    return float(f"{x:.{digits}g}")
+
+
+def compare() -> dict[str, Any]:
+    report = _load("compare")
+    f = report["figures"]
+    over, floors, kill = f["per_step_overhead"], f["floors_us"], f["resume_after_kill"]
+
+    def side_by_side(figure: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "ours": _sig(figure["ours"]["median"]),
+            "baseline": _sig(figure["baseline"]["median"]),
+            "ratio": _sig(figure["ratio"]),
+        }
+
+    return {
+        "timestamp": report["timestamp"],
+        "full_warm_us": side_by_side(over["full"]["warm_us_per_step"]),
+        "full_cold_us": side_by_side(over["full"]["cold_us_per_step"]),
+        "process_warm_us": side_by_side(over["process"]["warm_us_per_step"]),
+        "process_cold_us": side_by_side(over["process"]["cold_us_per_step"]),
+        "fsync_commit_us": _sig(floors["fsync_commit_us"]["median"]),
+        "raw_commit_us": _sig(floors["raw_commit_us"]["median"]),
+        "raw_step_rows_commit_us": _sig(floors["raw_step_rows_commit_us"]["median"]),
+        "replay_warm_us": side_by_side(f["dry_replay"]["warm_us_per_served_step"]),
+        "long_resume_ms": _sig(f["long_resume"]["runtime_and_resume_ms"]["ours"]["median"]),
+        "long_resume_steps": f["long_resume"]["steps_completed_before_kill"],
+        "resume_ms": side_by_side(kill["runtime_to_first_new_step_ms"]),
+        "raw_read_ms": _sig(kill["raw_open_and_read_ms"]["ours"]["median"]),
+        "import_ms": {
+            k: _sig(v / 1000) if k != "ratio" else v
+            for k, v in side_by_side(f["import"]["cumulative_us"]).items()
+        },
+        "instructions": {
+            "ours": f["instructions"]["ours"]["overhead_per_step"],
+            "baseline": f["instructions"]["baseline"]["overhead_per_step"],
+            "ratio": f["instructions"]["ratio_overhead_per_step"],
+        },
+        "targets": [
+            {**{k: t[k] for k in ("target", "limit", "met")}, "value": _sig(t["value"])}
+            for t in report["targets"]
+        ],
+    }
+
+
+def throughput() -> dict[str, Any]:
+    report = _load("throughput")
+    keep = (
+        "runtime", "mode", "variant", "kind", "concurrency", "processes",
+        "steps_per_s_median", "commits_per_transaction_median",
+    )  # fmt: skip
+    cells = [{k: c.get(k) for k in keep} for c in report["cells"]]
+    t = report["target"]
+    return {
+        "timestamp": report["timestamp"],
+        "fsync_us": report["disk"]["fsync_us_median"],
+        "cap_steps_per_s": report["disk"]["one_fsync_per_step_cap_steps_per_s"],
+        "cells": cells,
+        "target": {
+            "cells": t["cells"],
+            "met": t["met"],
+            "shares_fsyncs": t["shares_fsyncs"],
+        },
+    }
+
+
+def scale() -> dict[str, Any]:
+    report = _load("scale")
+    db = report["database"]
+    return {
+        "timestamp": report["timestamp"],
+        "events": db["events"],
+        "runs": db["runs"],
+        "targets": report["targets"],
+    }
+
+
 def leaderboard() -> dict[str, Any]:
     board = _load("leaderboard")
     keep = (
@@ -146,6 +231,9 @@ def collect(*, tests: bool = True) -> dict[str, Any]:
         "negative_control": negative_control(),
         "w40": w40(),
         "dashboard": dashboard(),
+        "compare": compare(),
+        "throughput": throughput(),
+        "scale": scale(),
         "leaderboard": leaderboard(),
     }
     if tests:
