@@ -17,8 +17,9 @@ Databases live in a scratch folder on a real disk (never tmpfs: fsync must be re
 2. Floors, measured inside the same probes after their runs, on a database of their own: one
    WAL commit (BEGIN IMMEDIATE, INSERT of one ~250-byte step-sized row into an events-like table
    with a (run_id, seq) index, COMMIT), synchronous=FULL in the full probes and NORMAL in the
-   process probes; and two such commits back to back (the AT_MOST_ONCE floor). Pooled over both
-   sides' probes: it is the same disk.
+   process probes; two such commits back to back (the AT_MOST_ONCE floor); and one commit of
+   the rows one IDEMPOTENT step writes (three events and an effect row, raw, no triggers).
+   Pooled over both sides' probes: it is the same disk.
 3. Dry replay: ``rt.replay(run_id, dry=True)`` (both versions have it) of a completed 1,000-step
    run built once per side, per served step; cold is the first replay in a fresh process, warm
    the later ones. And a 10,000-step run, killed by SIGKILL on entry to its 10,001st step (built
@@ -31,12 +32,17 @@ Databases live in a scratch folder on a real disk (never tmpfs: fsync must be re
    (``events`` is both versions' log table) fetching every row of the second copy.
    Process durability on both sides, here and in 3.
 5. Import: ``python -X importtime -c "import durabl"``: the cumulative microseconds on the
-   ``durabl`` line.
+   ``durabl`` line, after both sides' packages are compiled to bytecode (as pip does on
+   install; an editable checkout under PYTHONDONTWRITEBYTECODE would compile on every import).
 6. Instructions per step, process durability, counted by ``valgrind --tool=callgrind
    --collect-atstart=no --toggle-collect=qsort_r --dump-after=qsort_r``: after warm-up runs the
    probe calls sections of N and 2N W40 runs (and of plain loops) from inside libc's qsort, and
    says which dump each section left; (2N section - N section) / (N * 41) cancels the cost of
    entering a section. A count does not depend on timing, so the two sides run at once.
+7. The peers (``--peers``, default DBOS and LangGraph, in the durability benchmark's
+   virtualenvs under ``.bench-venvs/``): W40 run one at a time by each runtime's throughput
+   probe (``bench/throughput_peers/``), durable the way it configures itself, interleaved with
+   this durabl's in full mode; per step is the wall time over the steps, the work included.
 
     python -m bench.compare --out bench/results/compare.json     # make bench-compare
     python -m bench.compare --quick --out /tmp/compare.json      # seconds: every path, noise
@@ -105,6 +111,8 @@ class Plan:
     import_reps: int
     callgrind_runs: int
     callgrind_warmup: int
+    peer_rounds: int
+    peer_runs: int
 
 
 FULL = Plan(
@@ -121,6 +129,8 @@ FULL = Plan(
     import_reps=15,
     callgrind_runs=3,
     callgrind_warmup=2,
+    peer_rounds=5,
+    peer_runs=20,
 )
 QUICK = Plan(
     rounds=1,
@@ -136,6 +146,8 @@ QUICK = Plan(
     import_reps=2,
     callgrind_runs=1,
     callgrind_warmup=1,
+    peer_rounds=1,
+    peer_runs=2,
 )
 
 
@@ -147,6 +159,7 @@ class Session:
     work: Path
     plan: Plan
     pythons: dict[str, str]
+    peers: Sequence[str] = ()
     samples: dict[str, Any] = field(default_factory=dict)
 
     def command(self, side: str, kind: str, options: dict[str, Any]) -> list[str]:
@@ -228,7 +241,7 @@ def by_side(probes: list[dict[str, Any]], value: Callable[[dict[str, Any]], list
 
 def measure_overhead(s: Session) -> dict[str, Any]:
     """The overhead figures by mode, and (under ``floors_us``) the commit floors."""
-    say(f"[1/6] W40 per-step overhead and commit floors: {s.plan.rounds} round(s)")
+    say(f"[1/7] W40 per-step overhead and commit floors: {s.plan.rounds} round(s)")
     probes: list[dict[str, Any]] = []
     for r, mode_order in enumerate(rotations(MODES, s.plan.rounds)):
         for mode in mode_order:
@@ -309,7 +322,7 @@ def floor_figures(probes: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def measure_replay(s: Session) -> dict[str, Any]:
-    say(f"[2/6] dry replay of a completed {s.plan.replay_steps:,}-step run")
+    say(f"[2/7] dry replay of a completed {s.plan.replay_steps:,}-step run")
     tools = s.plan.replay_steps - 1
     for side in SIDES:
         s.probe(
@@ -347,7 +360,7 @@ def measure_replay(s: Session) -> dict[str, Any]:
 
 def measure_long_resume(s: Session) -> dict[str, Any]:
     steps = s.plan.long_steps
-    say(f"[3/6] resume of a run killed after {steps:,} steps")
+    say(f"[3/7] resume of a run killed after {steps:,} steps")
     build_s = {}
     for side in SIDES:
         t0 = time.perf_counter()
@@ -434,7 +447,7 @@ def resume_figures(probes: list[dict[str, Any]]) -> dict[str, Any]:
 
 def measure_kill_resume(s: Session) -> dict[str, Any]:
     say(
-        f"[4/6] W40 killed on entry to tool call {KILL_AT_CALL}, resumed: "
+        f"[4/7] W40 killed on entry to tool call {KILL_AT_CALL}, resumed: "
         f"{s.plan.kill_rounds} round(s)"
     )
     probes = []
@@ -468,7 +481,7 @@ IMPORT_LINE = re.compile(r"^import time:\s*\d+\s*\|\s*(\d+)\s*\|\s*durabl\s*$")
 
 
 def measure_import(s: Session) -> dict[str, Any]:
-    say(f"[5/6] import durabl: {s.plan.import_reps} each")
+    say(f"[5/7] import durabl: {s.plan.import_reps} each")
     samples: dict[str, list[float]] = {side: [] for side in SIDES}
     for side in SIDES:
         compile_package(s.pythons[side], s.work)
@@ -502,9 +515,93 @@ def compile_package(python: str, cwd: Path) -> None:
         text=True,
         check=True,
     ).stdout.strip()
-    subprocess.run(
-        [python, "-m", "compileall", "-q", where], cwd=cwd, env=probe_env(), check=True
+    subprocess.run([python, "-m", "compileall", "-q", where], cwd=cwd, env=probe_env(), check=True)
+
+
+# -- 7: the peers ----------------------------------------------------------------------------
+
+
+PEER_PROBES = REPO / "bench" / "throughput_peers"
+PEER_VENVS = REPO / ".bench-venvs"
+
+
+PEER_MODE = "default"
+"""How each peer's probe is asked to run: durable the way the peer configures itself."""
+
+
+def missing_peers(peers: Sequence[str]) -> str | None:
+    """One line naming the peers whose virtualenv is not there, or None."""
+    missing = [p for p in peers if p and not peer_python(p).exists()]
+    if not missing:
+        return None
+    return (
+        f"compare: no virtualenv for {', '.join(missing)} under .bench-venvs/: run make "
+        "bench-peers (or pass --peers with the ones you have)"
     )
+
+
+def peer_python(peer: str) -> Path:
+    """The interpreter of a peer's virtualenv (the benchmark's, built by make bench-peers);
+    "durabl" is this checkout's, which the smoke test uses as a stand-in peer."""
+    return Path(sys.executable) if peer == "durabl" else PEER_VENVS / peer / "bin" / "python"
+
+
+def measure_peers(s: Session) -> dict[str, Any]:
+    """W40 on the peers next to this durabl, each the way it is made durable in the throughput
+    benchmark (its own probe, its own interpreter, one run at a time), rounds interleaved with
+    the side that goes first rotating. Per step: the run's wall time over its 41 steps, the
+    tool and the model included (a peer has no plain-loop twin in its probe)."""
+    peers = [p for p in s.peers if p]
+    say(f"[7/7] peers on W40, one run at a time: {', '.join(peers) or 'none'}")
+    problem = missing_peers(peers)
+    if problem:
+        raise SystemExit(problem)
+    sides = ["durabl-full", *peers]
+    samples: dict[str, list[float]] = {side: [] for side in sides}
+    for r, order in enumerate(rotations(sides, s.plan.peer_rounds)):
+        for side in order:
+            runtime, mode = ("durabl", "full") if side == "durabl-full" else (side, PEER_MODE)
+            if side == "durabl":  # the stand-in peer: this durabl in its other mode
+                mode = "process"
+            folder = s.path(f"peer-{side}-{r}")
+            done = subprocess.run(
+                [
+                    str(peer_python(runtime)),
+                    str(PEER_PROBES / f"{runtime}_probe.py"),
+                    "--work",
+                    str(folder),
+                    "--concurrency",
+                    "1",
+                    "--runs",
+                    str(s.plan.peer_runs),
+                    "--sleep-s",
+                    "0.0",
+                    "--mode",
+                    mode,
+                ],
+                cwd=REPO,
+                env={**probe_env(), **({"PYTHONPATH": str(REPO)} if runtime == "durabl" else {})},
+                capture_output=True,
+                text=True,
+                timeout=PROBE_TIMEOUT_S,
+            )
+            if done.returncode != 0:
+                raise SystemExit(
+                    f"compare: the {side} probe exited {done.returncode}:\n{done.stderr}"
+                )
+            out = json.loads(done.stdout.strip().splitlines()[-1])
+            samples[side].append(round(1e6 / out["steps_per_s"], 1))
+    s.samples["peer_us_per_step"] = samples
+    ours = stats(samples["durabl-full"])
+    return {
+        "how": "each runtime's throughput probe, one run at a time, 1 model call + 40 tool calls; "
+        "us per step = wall time / steps, the work itself included",
+        "runs_per_sample": s.plan.peer_runs,
+        "us_per_step": {side: stats(v) for side, v in samples.items()},
+        "ratio_durabl_over": {
+            peer: ratio(ours["median"], stats(samples[peer])["median"]) for peer in peers
+        },
+    }
 
 
 # -- 6: instructions --------------------------------------------------------------------------
@@ -521,7 +618,7 @@ CALLGRIND = (
 def measure_instructions(s: Session) -> dict[str, Any]:
     n = s.plan.callgrind_runs
     say(
-        f"[6/6] instructions per step under callgrind: sections of {n} and {2 * n} runs, "
+        f"[6/7] instructions per step under callgrind: sections of {n} and {2 * n} runs, "
         f"both sides at once"
     )
     valgrind = shutil.which("valgrind")
@@ -704,6 +801,7 @@ PARTS: tuple[tuple[str, Callable[[Session], dict[str, Any]]], ...] = (
     ("resume_after_kill", measure_kill_resume),
     ("import", measure_import),
     ("instructions", measure_instructions),
+    ("peers", measure_peers),
 )
 
 
@@ -793,6 +891,17 @@ def render(report: dict[str, Any]) -> str:
         f"{'instructions per step, process (overhead)':<44} {cells[0]:>22} "
         f"{cells[1]:>22} {ins['ratio_w40_per_step']:>7.3f}"
     )
+    peers = f["peers"]
+    lines += [
+        "",
+        "W40 against the peers, one run at a time, us per step, median [p95] (ratio: ours / theirs)",
+    ]
+    for side, figure in peers["us_per_step"].items():
+        versus = peers["ratio_durabl_over"].get(side)
+        lines.append(
+            f"  {side:<14} {fmt(figure['median']):>9} [{fmt(figure['p95'])}]"
+            + ("" if versus is None else f"   {versus:.3f}")
+        )
     fl = f["floors_us"]
     lines += [
         "",
@@ -855,6 +964,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=sys.executable,
         help="the interpreter that imports this checkout's durabl (default: this one)",
     )
+    parser.add_argument(
+        "--peers",
+        default="dbos,langgraph",
+        help="comma-separated peers whose virtualenvs are under .bench-venvs/ (default %(default)s)",
+    )
     parser.add_argument("--tmp-dir", help="directory (on a real disk) for the scratch databases")
     parser.add_argument("--keep", action="store_true", help="keep the scratch databases")
     return parser.parse_args(argv)
@@ -863,10 +977,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     pythons = {"ours": os.path.abspath(args.ours_python), "baseline": baseline_python(args)}
+    problem = missing_peers(args.peers.split(","))
+    if problem:
+        raise SystemExit(problem)
     started = time.perf_counter()
     work = scratch_dir(args.tmp_dir, prefix="compare-")
     try:
-        report = measure(Session(work, QUICK if args.quick else FULL, pythons), bool(args.quick))
+        session = Session(work, QUICK if args.quick else FULL, pythons, peers=args.peers.split(","))
+        report = measure(session, bool(args.quick))
         report["elapsed_s"] = round(time.perf_counter() - started, 1)
     finally:
         release_scratch(work, args.keep)

@@ -1,7 +1,8 @@
 """The side-by-side benchmark (``make bench-compare``) runs end to end and writes every figure.
 
 It runs ``--quick`` with this interpreter on both sides (``--baseline-python``), so it needs no
-0.1.0 virtualenv. No timing thresholds: quick figures are noise. It checks that every figure is
+0.1.0 virtualenv, and with this durabl's throughput probe, in process mode, as the one peer
+(``--peers durabl``), so it needs no peer's either. No timing thresholds: quick figures are noise. It checks that every figure is
 there, that each ratio is the quotient of the two medians written beside it, and that those
 medians come from the raw samples in the same file.
 """
@@ -27,7 +28,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
     out = tmp_path_factory.mktemp("compare") / "compare.json"
     command = [sys.executable, "-m", "bench.compare", "--quick", "--out", str(out)]
     proc = subprocess.run(
-        [*command, "--baseline-python", sys.executable],
+        [*command, "--baseline-python", sys.executable, "--peers", "durabl"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -157,6 +158,45 @@ def test_import_and_instructions(report: dict[str, Any]) -> None:
             assert len(section["dumps"]) == 1, section
     expected = counted["ours"]["w40_per_step"] / counted["baseline"]["w40_per_step"]
     assert counted["ratio_w40_per_step"] == pytest.approx(expected, rel=1e-3)
+
+
+def test_the_peers_are_measured_beside_durabl(run: tuple[dict[str, Any], str]) -> None:
+    report, printed = run
+    peers = report["figures"]["peers"]
+    samples = report["samples"]["peer_us_per_step"]
+    assert set(samples) == {"durabl-full", "durabl"}
+    for side, figure in peers["us_per_step"].items():
+        assert figure["median"] == statistics.median(samples[side]) and positive(figure["median"])
+    expected = (
+        peers["us_per_step"]["durabl-full"]["median"] / peers["us_per_step"]["durabl"]["median"]
+    )
+    assert peers["ratio_durabl_over"]["durabl"] == pytest.approx(expected, rel=1e-3)
+    assert "W40 against the peers" in printed
+
+
+def test_a_missing_peer_is_one_line_naming_make_bench_peers(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.compare",
+            "--quick",
+            "--baseline-python",
+            sys.executable,
+            "--peers",
+            "nosuchpeer",
+            "--out",
+            str(tmp_path / "compare.json"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "nosuchpeer" in last and "make bench-peers" in last
+    assert not (tmp_path / "compare.json").exists()
 
 
 def test_targets_and_table(run: tuple[dict[str, Any], str]) -> None:
