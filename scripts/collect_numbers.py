@@ -168,6 +168,10 @@ def compare() -> dict[str, Any]:
             "baseline": f["instructions"]["baseline"]["overhead_per_step"],
             "ratio": f["instructions"]["ratio_overhead_per_step"],
         },
+        "peers_us_per_step": {
+            side.removesuffix("-full"): _sig(figure["median"])
+            for side, figure in f["peers"]["us_per_step"].items()
+        },
         "targets": [
             {**{k: t[k] for k in ("target", "limit", "met")}, "value": _sig(t["value"])}
             for t in report["targets"]
