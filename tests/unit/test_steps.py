@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import pytest
 from hypothesis import given
 
 from durabl import EncodingError, ModelCall, Sleep, Step, ToolCall
+from durabl.engine import new_run_id
 from durabl.steps import MAX_SLEEP_S, CtxValue, describe_canonical
 
 from .strategies import PROPERTY_SETTINGS, model_calls, sleeps, steps, tool_calls
@@ -258,3 +260,14 @@ def test_every_kind_of_step_has_exactly_one_executor() -> None:
         if isinstance(value, type) and issubclass(value, steps.Step) and value is not steps.Step
     }
     assert kinds == set(EXECUTORS)
+
+
+def test_new_run_ids_are_32_hex_digits_that_sort_by_creation() -> None:
+    ids = []
+    for _ in range(5):
+        ids.append(new_run_id())
+        time.sleep(0.001)  # a millisecond apart: the leading microseconds differ
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    assert ids == sorted(ids)
+    assert len({i[14:] for i in ids}) == 5, "the random part repeats"
+    assert abs(int(ids[0][:14], 16) / 1e6 - time.time()) < 60
