@@ -322,8 +322,8 @@ class SQLiteStore:
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            for pending in batch:
-                pending.done = False
+            for pending in batch:  # none of it happened: each is to be committed again
+                pending.done, pending.error, pending.changed = False, None, 0
             raise
         for pending in batch:
             pending.done = True
