@@ -48,9 +48,12 @@ from typing import Any
 import durabl
 from durabl import ModelCall, Runtime, ToolCall, tool, workflow
 
-TOOL_CALLS = 40
-STEPS = 1 + TOOL_CALLS
-TOPIC = "sea otters"
+# The W40 workload without any runtime, standard library only, shared with the throughput
+# probes (bench/throughput.py checks it against bench/workload.py); run as a script, this
+# file's folder (bench/) is on the path.
+from throughput_peers.kit import STEPS, TOOL_CALLS, TOPIC, result_of
+from throughput_peers.kit import stub_model as stub_llm
+
 TOOL_NAME = "append_line"
 WORKFLOW_NAME = "bench.probe.wn"
 FLOOR_SCHEMA = """CREATE TABLE IF NOT EXISTS events (
@@ -118,23 +121,6 @@ def info() -> dict[str, Any]:
 
 
 # -- the workload -----------------------------------------------------------------------------
-
-
-def stub_llm(prompt: str, **params: Any) -> dict[str, Any]:
-    """The model: answers at once with a small dict."""
-    return {"plan": "query each source once", "queries": TOOL_CALLS, "tokens": 17}
-
-
-def result_of(i: int, topic: str) -> dict[str, Any]:
-    """What the tool returns for call ``i``: about 200 bytes of JSON."""
-    return {
-        "i": i,
-        "topic": topic,
-        "title": f"Search result {i} for {topic}",
-        "url": f"https://example.org/search/{topic.replace(' ', '-')}/{i}",
-        "snippet": "Sea otters hold hands while sleeping so they do not drift apart.",
-        "score": 0.5,
-    }
 
 
 class Outbox:
