@@ -38,8 +38,10 @@ _driving_lock = threading.Lock()
 def _stat(pid: int) -> list[str] | None:
     """The fields of ``/proc/PID/stat`` after the command name (Linux): state first."""
     try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
-            stat = handle.read()
+        # Bytes, decoded with the codec every interpreter has loaded: naming "ascii" would
+        # import its codec module on the way to the first lease.
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read().decode("utf-8", errors="replace")
     except OSError:
         return None
     return stat[stat.rfind(")") + 2 :].split()
