@@ -166,13 +166,13 @@ class SQLiteStore:
         workflow: str | None = None,
         limit: int | None = None,
     ) -> list[RunRow]:
-        wanted = {
-            "statuses": None if statuses is None else json.dumps(list(statuses)),
-            "workflow": workflow,
-            "limit": -1 if limit is None else limit,
-        }
+        wanted = {"workflow": workflow, "limit": -1 if limit is None else limit}
+        query = Q["list_runs"]
+        if statuses is not None:
+            wanted["statuses"] = json.dumps(list(statuses))
+            query = Q["list_runs_by_status"]
         with self._read() as conn:
-            return [run_row(r) for r in conn.execute(Q["list_runs"], wanted).fetchall()]
+            return [run_row(r) for r in conn.execute(query, wanted).fetchall()]
 
     def load_log(self, run_id: str, after_seq: int = 0) -> list[Event]:
         with self._read() as conn:

@@ -20,7 +20,19 @@ SELECT run_id, workflow, input AS input_text, status, result AS result_text, err
        updated_s, wake_at_s, watermark, lease_owner AS owner, lease_pid AS pid,
        lease_host AS host, lease_started AS started, lease_expires_s AS expires_s, lease_token
 FROM runs
-WHERE (:statuses IS NULL OR status IN (SELECT value FROM json_each(:statuses)))
+WHERE (:workflow IS NULL OR workflow = :workflow)
+ORDER BY created_s DESC, run_id DESC
+LIMIT :limit;
+
+-- name: list_runs_by_status
+-- list_runs for some statuses. A query of its own, with no "or no filter at all" in it, so that
+-- SQLite can look the statuses up in runs_by_status instead of reading every run: a worker asks
+-- for the RUNNING and HELD runs on every poll, however many finished runs the file holds.
+SELECT run_id, workflow, input AS input_text, status, result AS result_text, error, created_s,
+       updated_s, wake_at_s, watermark, lease_owner AS owner, lease_pid AS pid,
+       lease_host AS host, lease_started AS started, lease_expires_s AS expires_s, lease_token
+FROM runs
+WHERE status IN (SELECT value FROM json_each(:statuses))
   AND (:workflow IS NULL OR workflow = :workflow)
 ORDER BY created_s DESC, run_id DESC
 LIMIT :limit;
