@@ -30,7 +30,7 @@ from durabl.errors import LeaseLost, SideEffectExistsError
 from durabl.events import Event
 from durabl.store import Commit, KeyClaim, RunRow, SideEffect, SQLiteStore, Store
 from durabl.store.base import UNCHANGED, Lease
-from durabl.store.sqlite import APPLICATION_ID, SCHEMA_VERSION
+from durabl.store.sqlite import APPLICATION_ID, SCHEMA_VERSION, Q
 
 T0_S = 1_700_000_000.0
 
@@ -995,6 +995,18 @@ class TestGroupCommit:
 
 
 class TestSQLiteFile:
+    def test_runs_by_status_are_found_through_the_status_index(self, tmp_path: Path) -> None:
+        # A worker lists RUNNING and HELD runs on every poll: reading every run instead would
+        # cost more with each finished one.
+        path = tmp_path / "agent.db"
+        SQLiteStore(path).close()
+        wanted = {"statuses": '["RUNNING","HELD"]', "workflow": None, "limit": -1}
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            plan = conn.execute("EXPLAIN QUERY PLAN " + Q["list_runs_by_status"], wanted)
+            details = [row[3] for row in plan.fetchall()]
+        assert any("USING INDEX runs_by_status" in d for d in details), details
+        assert not any(d.startswith("SCAN runs") for d in details), details
+
     def test_a_new_database_is_marked_versioned_and_in_wal_mode(self, tmp_path: Path) -> None:
         path = tmp_path / "new.db"
         SQLiteStore(path).close()
