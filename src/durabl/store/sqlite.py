@@ -284,41 +284,50 @@ class SQLiteStore:
 
     def _commit_batch(self, batch: list[_Pending]) -> None:
         """Commit ``batch`` in one transaction. Called with the connection lock held."""
+        if len(batch) == 1:
+            self._commit_one(batch[0])
+            return
         conn = self._live()
-        durable = any(p.durable for p in batch)
         try:
-            self._set_sync(conn, durable)
-            if len(batch) == 1 and len(batch[0].statements) == 1:
-                # One statement is its own transaction in SQLite's autocommit mode, which
-                # saves the BEGIN/COMMIT round trips on the hot path.
-                self._settle(conn, batch[0], savepoint=False)
-            else:
-                self._commit_together(conn, batch)
+            self._set_sync(conn, any(p.durable for p in batch))
+            self._commit_together(conn, batch)
         except BaseException as exc:
             # The transaction did not commit. A storage error is every commit's answer; any
             # other exception (a simulated death) is this thread's own: the others queue again.
             if isinstance(exc, sqlite3.Error):
                 error = storage_error(self.path, exc)
                 for pending in batch:
-                    if not pending.done:
-                        pending.fail(error)
+                    pending.fail(error)
                 raise error from None
             with self._queue_lock:
-                self._queue[:0] = [p for p in batch if not p.done and p.thread != _me()]
+                self._queue[:0] = [p for p in batch if p.thread != _me()]
             raise
         self.commits += len(batch)
         self.transactions += 1
 
+    def _commit_one(self, pending: _Pending) -> None:
+        """A batch of one: ``_commit_alone``, its answer (or refusal) recorded on ``pending``."""
+        try:
+            pending.changed = self._commit_alone(pending.statements, pending.durable)
+        except DurablError as refused:  # a refusal, or a storage error: the commit's answer
+            pending.fail(refused)
+            if pending.thread == _me():
+                raise
+            return
+        except BaseException:  # a simulated death: this thread's own; the commit queues again
+            if pending.thread != _me():
+                with self._queue_lock:
+                    self._queue.insert(0, pending)
+            raise
+        pending.done = True
+
     def _commit_together(self, conn: sqlite3.Connection, batch: list[_Pending]) -> None:
+        """Each commit of ``batch`` in a savepoint of its own, then one COMMIT for them all."""
         conn.execute("BEGIN IMMEDIATE")
         try:
-            alone = len(batch) == 1
             for pending in batch:
-                self._settle(conn, pending, savepoint=not alone)
-            if alone and batch[0].error is not None:
-                conn.execute("ROLLBACK")
-            else:
-                conn.execute("COMMIT")
+                self._settle(conn, pending)
+            conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
@@ -328,22 +337,18 @@ class SQLiteStore:
         for pending in batch:
             pending.done = True
 
-    def _settle(self, conn: sqlite3.Connection, pending: _Pending, *, savepoint: bool) -> None:
+    def _settle(self, conn: sqlite3.Connection, pending: _Pending) -> None:
         """Run one commit's statements; a refusal is its own answer and undoes only it."""
-        if savepoint:
-            conn.execute("SAVEPOINT one_commit")
+        conn.execute("SAVEPOINT one_commit")
         try:
             for statement in pending.statements:
                 pending.changed = self._execute(conn, statement)
         except DurablError as refused:
-            if savepoint:
-                conn.execute("ROLLBACK TO one_commit")
-                conn.execute("RELEASE one_commit")
+            conn.execute("ROLLBACK TO one_commit")
+            conn.execute("RELEASE one_commit")
             pending.fail(refused)
             return
-        if savepoint:
-            conn.execute("RELEASE one_commit")
-        pending.done = True
+        conn.execute("RELEASE one_commit")
 
     def _execute(self, conn: sqlite3.Connection, statement: Statement) -> int:
         name, params = statement
