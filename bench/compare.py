@@ -71,6 +71,7 @@ from typing import Any
 from bench.harness import (
     REPO,
     filesystem_of,
+    git_commit,
     percentile,
     release_scratch,
     rotations,
@@ -756,25 +757,6 @@ def target(name: str, value: float, limit: float) -> dict[str, Any]:
 
 
 # -- the machine ------------------------------------------------------------------------------
-
-
-def git_commit() -> str | None:
-    """The checkout's commit (short), read from .git's files; None if they cannot be read.
-    Uncommitted changes are not detected."""
-    git = REPO / ".git"
-    try:
-        head = (git / "HEAD").read_text().strip()
-        if not head.startswith("ref: "):
-            return head[:9]
-        ref = head.removeprefix("ref: ")
-        if (git / ref).exists():
-            return (git / ref).read_text().strip()[:9]
-        for line in (git / "packed-refs").read_text().splitlines():
-            if line.endswith(" " + ref):
-                return line.split()[0][:9]
-    except OSError:
-        return None
-    return None
 
 
 def machine(s: Session) -> dict[str, Any]:

@@ -211,6 +211,18 @@ def filesystem_of(path: Path) -> str:
     return fstype
 
 
+def handles(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler installed for ``signum`` (Linux: SigCgt)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except OSError:
+        pass
+    return False
+
+
 def git_commit() -> str | None:
     """The checkout's short commit, marked ``+dirty-src`` when src/ has uncommitted changes (the
     figures then belong to no commit)."""

@@ -879,18 +879,6 @@ def reset_peak() -> bool:
         return False
 
 
-def handles(pid: int, signum: int) -> bool:
-    """Whether process ``pid`` has a handler installed for ``signum`` (Linux: SigCgt)."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("SigCgt:"):
-                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
-    except OSError:
-        pass
-    return False
-
-
 def bench_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(harness.REPO), env.get("PYTHONPATH")]))
@@ -964,7 +952,7 @@ class WorkerProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(f"the worker exited early:\n{self.log.read_text()}")
-            if handles(self.proc.pid, signal.SIGTERM):
+            if harness.handles(self.proc.pid, signal.SIGTERM):
                 return time.perf_counter() - self.started
             time.sleep(0.005)
         raise AssertionError(f"the worker was not serving within {timeout_s} s")

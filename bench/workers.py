@@ -246,18 +246,6 @@ def cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def handles(pid: int, signum: int) -> bool:
-    """Whether process ``pid`` has a handler installed for ``signum`` (Linux: SigCgt)."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("SigCgt:"):
-                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
-    except OSError:
-        pass
-    return False
-
-
 class Worker:
     """One worker process: spawned, then stopped (SIGTERM) or killed (SIGKILL), and reaped."""
 
@@ -296,7 +284,7 @@ class Worker:
         while time.monotonic() < deadline:
             if not self.alive():
                 raise BenchError(f"worker {self.pid} exited early:\n{self.output()}")
-            if handles(self.pid, signal.SIGTERM):
+            if harness.handles(self.pid, signal.SIGTERM):
                 return
             time.sleep(0.005)
         raise BenchError(f"worker {self.pid} was not serving within {timeout_s} s")
