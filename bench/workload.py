@@ -1,6 +1,10 @@
 """The W40 workload, shared by the benchmarks: one ``ModelCall`` to a stub model that answers
 instantly, then 40 ``ToolCall``s to a tool that appends one line to a file and returns a
 ~200-byte dict. ``plain_loop`` makes the same calls with no runtime: the baseline.
+
+The stub model, the tool's result and the workload's shape come from
+``bench/throughput_peers/kit.py``, which needs nothing but the standard library, so that the
+probes other interpreters run (the peers', durabl 0.1.0's) share this one copy.
 """
 
 from __future__ import annotations
@@ -9,11 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.throughput_peers.kit import STEPS, TOOL_CALLS, TOPIC, result_of
+from bench.throughput_peers.kit import stub_model as stub_llm
 from durabl import ModelCall, ToolCall, workflow
 
-TOOL_CALLS = 40
-STEPS = 1 + TOOL_CALLS
-TOPIC = "sea otters"
 WORKFLOW_NAME = "bench.w40"
 TOOL_NAME = "append_line"
 
@@ -21,11 +24,6 @@ OUTBOX_ENV = "DURABL_BENCH_OUTBOX"
 """Where bench/worker_app.py's tool appends (a worker process learns it from its environment)."""
 SLEEP_ENV = "DURABL_BENCH_STEP_SLEEP_S"
 """If set above 0, bench/worker_app.py's tool sleeps this long per call (and is keyed)."""
-
-
-def stub_llm(prompt: str, **params: Any) -> dict[str, Any]:
-    """The model: answers instantly with a small dict."""
-    return {"plan": "query each source once", "queries": TOOL_CALLS, "tokens": 17}
 
 
 class Outbox:
@@ -43,18 +41,6 @@ class Outbox:
     def lines(self) -> int:
         with open(self.path, encoding="utf-8") as fh:
             return sum(1 for _ in fh)
-
-
-def result_of(i: int, topic: str) -> dict[str, Any]:
-    """What the tool returns for call ``i``: about 200 bytes of JSON."""
-    return {
-        "i": i,
-        "topic": topic,
-        "title": f"Search result {i} for {topic}",
-        "url": f"https://example.org/search/{topic.replace(' ', '-')}/{i}",
-        "snippet": "Sea otters hold hands while sleeping so they do not drift apart.",
-        "score": 0.5,
-    }
 
 
 @workflow(name=WORKFLOW_NAME)
@@ -79,3 +65,20 @@ def plain_loop(llm: Callable[..., Any], append: Callable[..., Any], topic: str) 
 
 EXPECTED = plain_loop(stub_llm, lambda i, topic: {"i": i}, TOPIC)
 """What every W40 run returns."""
+
+
+__all__ = [
+    "EXPECTED",
+    "OUTBOX_ENV",
+    "SLEEP_ENV",
+    "STEPS",
+    "TOOL_CALLS",
+    "TOOL_NAME",
+    "TOPIC",
+    "WORKFLOW_NAME",
+    "Outbox",
+    "plain_loop",
+    "result_of",
+    "stub_llm",
+    "w40",
+]

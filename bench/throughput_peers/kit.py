@@ -9,8 +9,8 @@ each run completed, and prints one JSON object (``emit``).
 The workload, the same for every runtime: one model call to a stub that answers instantly, then
 40 tool calls, each appending one line to a file of its run's own and returning a ~200-byte
 dict; with ``--sleep-s`` above 0 each tool call first sleeps that long (``time.sleep``, standing
-for a network call). ``bench/throughput.py`` checks that this copy of the workload returns what
-``bench/workload.py`` returns.
+for a network call). This is the one copy of the stub model and the tool's result:
+``bench/workload.py`` and the 0.1.0 probe (``bench/probe.py``) take them from here.
 
 Timing: ``--concurrency`` threads wait at one barrier, then thread ``t`` drives runs ``t``,
 ``t + N``, ``t + 2N``, ... one after another. The span runs from the first thread's start to the
