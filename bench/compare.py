@@ -72,6 +72,9 @@ from bench.harness import (
     REPO,
     filesystem_of,
     git_commit,
+    peer_argv,
+    peer_env,
+    peer_interpreter,
     percentile,
     release_scratch,
     rotations,
@@ -522,29 +525,19 @@ def compile_package(python: str, cwd: Path) -> None:
 # -- 7: the peers ----------------------------------------------------------------------------
 
 
-PEER_PROBES = REPO / "bench" / "throughput_peers"
-PEER_VENVS = REPO / ".bench-venvs"
-
-
 PEER_MODE = "default"
 """How each peer's probe is asked to run: durable the way the peer configures itself."""
 
 
 def missing_peers(peers: Sequence[str]) -> str | None:
     """One line naming the peers whose virtualenv is not there, or None."""
-    missing = [p for p in peers if p and not peer_python(p).exists()]
+    missing = [p for p in peers if p and not peer_interpreter(p).exists()]
     if not missing:
         return None
     return (
         f"compare: no virtualenv for {', '.join(missing)} under .bench-venvs/: run make "
         "bench-peers (or pass --peers with the ones you have)"
     )
-
-
-def peer_python(peer: str) -> Path:
-    """The interpreter of a peer's virtualenv (the benchmark's, built by make bench-peers);
-    "durabl" is this checkout's, which the smoke test uses as a stand-in peer."""
-    return Path(sys.executable) if peer == "durabl" else PEER_VENVS / peer / "bin" / "python"
 
 
 def measure_peers(s: Session) -> dict[str, Any]:
@@ -565,23 +558,15 @@ def measure_peers(s: Session) -> dict[str, Any]:
             if side == "durabl":  # the stand-in peer: this durabl in its other mode
                 mode = "process"
             folder = s.path(f"peer-{side}-{r}")
+            argv = peer_argv(
+                runtime,
+                *("--work", folder, "--concurrency", 1, "--runs", s.plan.peer_runs),
+                *("--sleep-s", 0.0, "--mode", mode),
+            )
             done = subprocess.run(
-                [
-                    str(peer_python(runtime)),
-                    str(PEER_PROBES / f"{runtime}_probe.py"),
-                    "--work",
-                    str(folder),
-                    "--concurrency",
-                    "1",
-                    "--runs",
-                    str(s.plan.peer_runs),
-                    "--sleep-s",
-                    "0.0",
-                    "--mode",
-                    mode,
-                ],
+                argv,
                 cwd=REPO,
-                env={**probe_env(), **({"PYTHONPATH": str(REPO)} if runtime == "durabl" else {})},
+                env=peer_env(runtime),
                 capture_output=True,
                 text=True,
                 timeout=PROBE_TIMEOUT_S,

@@ -211,6 +211,34 @@ def filesystem_of(path: Path) -> str:
     return fstype
 
 
+PEER_PROBES = REPO / "bench" / "throughput_peers"
+"""Each runtime's W40 probe, ``<runtime>_probe.py``, run by that runtime's own interpreter."""
+PEER_VENVS = REPO / ".bench-venvs"
+"""The peers' virtualenvs, built by ``make bench-peers``."""
+
+
+def peer_interpreter(runtime: str) -> Path:
+    """The interpreter that runs ``runtime``'s probe: this one for durabl, else its venv's."""
+    if runtime == "durabl":
+        return Path(sys.executable)
+    return PEER_VENVS / runtime / "bin" / "python"
+
+
+def peer_env(runtime: str) -> dict[str, str]:
+    """A probe's environment: no PYTHONPATH of ours for a peer (its probe imports only itself
+    and the kit); the checkout for durabl's."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    if runtime == "durabl":
+        env["PYTHONPATH"] = str(REPO)
+    return env
+
+
+def peer_argv(runtime: str, *args: Any) -> list[str]:
+    """The command line of ``runtime``'s probe with ``args``."""
+    probe = PEER_PROBES / f"{runtime}_probe.py"
+    return [str(peer_interpreter(runtime)), str(probe), *map(str, args)]
+
+
 def handles(pid: int, signum: int) -> bool:
     """Whether process ``pid`` has a handler installed for ``signum`` (Linux: SigCgt)."""
     try:

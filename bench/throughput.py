@@ -53,7 +53,6 @@ import os
 import signal
 import statistics
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -70,8 +69,6 @@ from durabl.store import SQLiteStore
 
 SCHEMA = 1
 """Version of the layout of the JSON this script writes."""
-PROBES = REPO / "bench" / "throughput_peers"
-PEER_VENVS = REPO / ".bench-venvs"
 RUNTIMES = ("durabl", "dbos", "langgraph")
 DURABL_MODES = ("full", "process")
 VARIANTS = {"instant": 0.0, "sleep_2ms": 0.002}
@@ -144,16 +141,10 @@ def configs(runtimes: Sequence[str]) -> list[Config]:
     return found
 
 
-def interpreter(runtime: str) -> Path:
-    if runtime == "durabl":
-        return Path(sys.executable)
-    return PEER_VENVS / runtime / "bin" / "python"
-
-
 def missing_peer(runtimes: Sequence[str]) -> str | None:
     """One line naming the first peer virtualenv that is not there, or None."""
     for runtime in runtimes:
-        python = interpreter(runtime)
+        python = harness.peer_interpreter(runtime)
         if not python.exists():
             return (
                 f"bench.throughput: no {runtime} virtualenv ({python.relative_to(REPO)} is "
@@ -165,25 +156,13 @@ def missing_peer(runtimes: Sequence[str]) -> str | None:
 # -- one sample: a probe process ------------------------------------------------------------
 
 
-def probe_env(runtime: str) -> dict[str, str]:
-    """A peer's interpreter gets no PYTHONPATH (its probe imports only itself and kit)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    if runtime == "durabl":
-        env["PYTHONPATH"] = str(REPO)
-    return env
-
-
-def probe_argv(runtime: str, *args: Any) -> list[str]:
-    return [str(interpreter(runtime)), str(PROBES / f"{runtime}_probe.py"), *map(str, args)]
-
-
 def run_probe(argv: list[str], runtime: str, timeout_s: float) -> str:
     """Run a probe to its end; its stdout. A failure is a BenchError with the probe's stderr."""
     try:
         done = subprocess.run(
             argv,
             cwd=REPO,
-            env=probe_env(runtime),
+            env=harness.peer_env(runtime),
             capture_output=True,
             text=True,
             timeout=timeout_s,
@@ -201,7 +180,7 @@ def sample(
     """One probe process: ``concurrency`` threads driving ``plan.runs_for(concurrency)`` runs."""
     runs = plan.runs_for(concurrency)
     folder = work / f"{config.label}-{variant}-c{concurrency}-{rep}"
-    argv = probe_argv(
+    argv = harness.peer_argv(
         config.runtime,
         "--work", folder,
         "--concurrency", concurrency,
@@ -256,7 +235,7 @@ class Workers:
         )
 
     def argv(self, command: str, concurrency: int) -> list[str]:
-        return probe_argv(
+        return harness.peer_argv(
             "durabl",
             command,
             "--work", self.folder,
@@ -293,7 +272,7 @@ class Workers:
             return subprocess.Popen(
                 self.argv("serve", self.plan.worker_concurrency),
                 cwd=REPO,
-                env=probe_env("durabl"),
+                env=harness.peer_env("durabl"),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
