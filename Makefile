@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 CHROMIUM := /usr/bin/chromium
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test lint imports bench bench-compare bench-peers chaos numbers clean
+.PHONY: demo test postgres-up lint imports bench bench-compare bench-peers chaos numbers clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,8 +17,15 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) scripts/demo.py
 
-test: imports $(CHROMIUM)
+test: imports $(CHROMIUM) postgres-up
 	$(PY) -m pytest -q
+
+# The PostgreSQL backend's tests need the machine's server running (they create and drop their
+# own databases in it); start it if it is not.
+postgres-up:
+	@pg_isready -q -h 127.0.0.1 -p 5432 || $(SUDO) pg_ctlcluster --skip-systemctl-redirect \
+		$$(ls /etc/postgresql) main start
+	@pg_isready -h 127.0.0.1 -p 5432
 
 # The dashboard's tests drive the system's Chromium (Debian's package) through playwright.
 $(CHROMIUM):

@@ -33,7 +33,7 @@ from durabl.journal import Journal, Writer
 from durabl.replay import History, StepRecord
 from durabl.states import Compaction, DeadLetter, RunCompaction, RunState
 from durabl.steps import Step
-from durabl.store import SQLiteStore, Store
+from durabl.store import Store, open_store
 from durabl.tools import RetryPolicy, Tool, build_registry
 from durabl.workflow import build_registry as build_workflow_registry
 
@@ -71,14 +71,16 @@ class Runtime:
             check_type("retry", retry, RetryPolicy)
         registered_tools = build_registry(tools)
         registered_workflows = build_workflow_registry(workflows)
-        user_clock = clock or time.time
-        self._clock: Callable[[], float] = lambda: float(user_clock())
         self._retry = retry or RetryPolicy()
         self.store: Store = (
             store
             if store is not None
-            else SQLiteStore("durabl.db" if db is None else db, durability=durability)
+            else open_store("durabl.db" if db is None else db, durability=durability)
         )
+        # A database that several hosts share keeps its own clock (PostgreSQL's), by which
+        # timers are armed and fired; a file on one host goes by that host's.
+        user_clock = clock or getattr(self.store, "clock", time.time)
+        self._clock: Callable[[], float] = lambda: float(user_clock())
         self.instance_id = uuid.uuid4().hex
         self._leaser = leases.Leaser(self.store, self.instance_id, lease_s)
         self._boundary = {"pid": os.getpid(), "host": leases.HOST, "owner": self.instance_id}

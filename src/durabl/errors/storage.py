@@ -170,6 +170,49 @@ class SQLiteCantOpenError(SQLiteError, refines=True):
     why = "the file cannot be opened (check the path and permissions)"
 
 
+# -- storage: a PostgreSQL server ---------------------------------------------------------------
+
+
+class PostgresDriverMissingError(StorageError, refines=True):
+    """A PostgreSQL URL was given, but psycopg 3 is not installed."""
+
+    def __init__(self, *, path: str, missing: str) -> None:
+        self.path, self.missing = path, missing
+        super().__init__(
+            f"{path}: durabl needs {missing} to use PostgreSQL; install it with "
+            f"pip install 'durabl[postgres]'"
+        )
+
+
+class ServerUnreachableError(StorageError, refines=True):
+    """durabl could not connect to the PostgreSQL server, or lost it for good."""
+
+    def __init__(self, *, path: str, why: str, server_message: str) -> None:
+        self.path, self.why, self.server_message = path, why, server_message
+        super().__init__(f"{path}: {why} ({server_message})")
+
+
+class ForeignSchemaError(NotADatabaseError, refines=True):
+    """The database's ``durabl`` schema holds tables that are not durabl's."""
+
+    def __init__(self, *, path: str, tables: list[str]) -> None:
+        self.path, self.tables = path, tables
+        StorageError.__init__(
+            self,
+            f"{path}: schema durabl holds tables that are not durabl's ({', '.join(tables)}); "
+            f"refusing to touch them. Point durabl at another database, or drop that schema",
+        )
+
+
+class PostgresError(StorageError, refines=True):
+    """PostgreSQL refused the operation; its own message and SQLSTATE are kept in the text."""
+
+    def __init__(self, *, path: str, server_message: str, sqlstate: str | None) -> None:
+        self.path, self.server_message, self.sqlstate = path, server_message, sqlstate
+        code = f" [SQLSTATE {sqlstate}]" if sqlstate else ""
+        super().__init__(f"{path}: {server_message}{code}")
+
+
 class InvariantError(StorageError, refines=True):
     """The database refused a write that would break an invariant its triggers enforce."""
 

@@ -42,9 +42,7 @@ def file_uri(path: str, query: str) -> str:
     return f"file:{escaped}?{query}"
 
 
-def _open(
-    path: str, *, read_only: bool, writer: bool, current: bool = False
-) -> sqlite3.Connection:
+def _open(path: str, *, read_only: bool, writer: bool, current: bool = False) -> sqlite3.Connection:
     try:
         if read_only:
             uri = file_uri(path, "mode=ro")

@@ -31,8 +31,9 @@ def _read_sql(name: str) -> str:
         return handle.read()
 
 
-def _load_queries() -> dict[str, str]:
-    text = _read_sql("sqlite_queries.sql")
+def load_queries(name: str) -> dict[str, str]:
+    """The named statements of the SQL file ``name``: one per ``-- name:`` block."""
+    text = _read_sql(name)
     queries: dict[str, str] = {}
     for block in re.split(r"^-- name: ", text, flags=re.M)[1:]:
         name, _, body = block.partition("\n")
@@ -40,10 +41,11 @@ def _load_queries() -> dict[str, str]:
     return queries
 
 
-def _load_migrations() -> list[tuple[int, str]]:
+def load_migrations(dialect: str) -> list[tuple[int, str]]:
+    """The numbered migrations of ``dialect`` ("sqlite", "postgres"), in order."""
     found = []
     for name in os.listdir(_SQL_DIR):
-        match = re.fullmatch(r"sqlite_(\d{4})_\w+\.sql", name)
+        match = re.fullmatch(rf"{dialect}_(\d{{4}})_\w+\.sql", name)
         if match:
             found.append((int(match.group(1)), _read_sql(name)))
     return sorted(found)
@@ -81,12 +83,12 @@ def _compiled(sql: str) -> tuple[str, Callable[[Mapping[str, Any]], tuple[Any, .
     return code, _binder(names)
 
 
-Q = _load_queries()
+Q = load_queries("sqlite_queries.sql")
 NUMBERED = {name: _compiled(sql) for name, sql in Q.items()}
 """Each statement of ``Q`` with numbered parameters, and what takes its named parameters to
 their sequence. The writes bind through it: SQLite binds a sequence faster than it looks names
 up in a mapping, and a write runs on every step. The named text in ``Q`` stays the one source."""
-MIGRATIONS = _load_migrations()
+MIGRATIONS = load_migrations("sqlite")
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 _RAISING_TRIGGER = re.compile(r"CREATE TRIGGER (\w+)\b.*?RAISE\(ABORT, '((?:[^']|'')*)'\)", re.S)

@@ -1,0 +1,677 @@
+"""The PostgreSQL store: the same ``Store`` on a server that workers on several hosts share.
+
+Imported only when a ``postgresql://`` URL is opened (``store.open_store``): psycopg 3 and
+psycopg-pool are an optional extra, ``durabl[postgres]``.
+
+The tables live in the database's ``durabl`` schema, beside whatever else the database holds,
+and the log's rules are the database's own, as on SQLite: a trigger locks the run's row, then
+refuses an event that does not extend the log by exactly one or carries a stale lease token;
+others refuse any update of the log or of a side effect. Each refusal has its own SQLSTATE
+(``DB001``..``DB004``), which is how the store tells them apart.
+
+Durability: under "full", a commit marked durable waits for the server's WAL flush
+(``synchronous_commit = on``); bookkeeping commits do not (``SET LOCAL synchronous_commit TO
+off``), and a later flush covers them, as on SQLite. Under "process", no commit waits: a crash
+of the server can lose the last moments of commits, never tear one.
+
+A lost connection. Every call is retried on a new connection until ``reconnect_s`` has passed,
+with one log line when the connection is lost and one when it is back. A write whose COMMIT was
+sent but not answered may or may not have landed; before trying it again, the store looks: a
+commit of events is found by its run and seqs and compared by checksum, a lease taken by its
+token and owner, a run created by its owner and start time. So a retry neither loses an
+acknowledged write nor makes a second one. The other writes set values outright, and doing them
+twice is doing them once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
+
+from durabl import codec
+from durabl.errors import (
+    DurablError,
+    EventChecksumError,
+    ForeignSchemaError,
+    HistoryRewriteError,
+    InvariantError,
+    LeaseLost,
+    LogGapError,
+    NoRunToCompactError,
+    PostgresError,
+    SchemaVersionError,
+    ServerUnreachableError,
+    SideEffectExistsError,
+    SnapshotChecksumError,
+    StoreClosedError,
+    UninitialisedError,
+)
+from durabl.events import Event
+from durabl.store.base import UNCHANGED, Commit, KeyClaim, Lease, RunRow, SideEffect
+from durabl.store.records import NO_LEASE, parameters_of, run_row
+from durabl.store.schema import load_migrations, load_queries
+
+__all__ = ["MIGRATIONS", "PQ", "SCHEMA_VERSION", "PostgresStore", "server_name"]
+
+logger = logging.getLogger("durabl.store")
+
+PQ = load_queries("postgres_queries.sql")
+MIGRATIONS = load_migrations("postgres")
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+DURABL_TABLES = ("events", "key_claims", "meta", "runs", "side_effects", "snapshots")
+
+MIGRATION_LOCK = 0x64726231
+"""The advisory lock that keeps two processes opening a new database from migrating it twice."""
+
+RECONNECT_S = 60.0
+"""How long a call keeps trying to reach a lost server before it gives up."""
+
+POOL_SIZE = 16
+CONNECT_TIMEOUT_S = 10
+
+_REFUSALS: dict[str, Callable[..., DurablError]] = {
+    "DB001": lambda *, path, rule, sqlite_message: LeaseLost(path=path),
+    "DB002": LogGapError,
+    "DB003": HistoryRewriteError,
+    "DB004": HistoryRewriteError,
+}
+"""What each of the schema's own SQLSTATEs raises (see the module docstring)."""
+
+_CONNECTION_LOST = {"57P01", "57P02", "57P03"}
+"""SQLSTATEs that mean the session is gone (the server terminated it, or is shutting down);
+class 08 is connection exceptions, and no SQLSTATE at all means libpq lost the socket."""
+
+T = TypeVar("T")
+
+
+def server_name(url: str) -> str:
+    """The URL as durabl names it in messages and logs: without its password."""
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return url.split("@")[-1] if "@" in url else url
+    user = f"{info['user']}@" if info.get("user") else ""
+    host = info.get("host") or "localhost"
+    port = f":{info['port']}" if info.get("port") else ""
+    return f"postgresql://{user}{host}{port}/{info.get('dbname') or ''}"
+
+
+def _lost(exc: BaseException) -> bool:
+    """Whether ``exc`` says the connection is gone (as opposed to a statement refused)."""
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    state = exc.sqlstate
+    return state is None or state.startswith("08") or state in _CONNECTION_LOST
+
+
+def _why_unreachable(message: str) -> str:
+    """What a failed connection attempt means, from libpq's words: a failed connection has no
+    SQLSTATE to go by. The server's own message is always kept beside it."""
+    text = message.lower()
+    if "password authentication failed" in text or ("role" in text and "does not exist" in text):
+        return "the server refused these credentials"
+    if "database" in text and "does not exist" in text:
+        return "no such database on the server (create it first: createdb)"
+    if "connection refused" in text or "no such file or directory" in text:
+        return "cannot connect to PostgreSQL: is the server running and listening there?"
+    if "timeout" in text or "timed out" in text:
+        return "cannot connect to PostgreSQL: the server did not answer in time"
+    if "could not translate host name" in text:
+        return "cannot connect to PostgreSQL: unknown host"
+    return "cannot connect to PostgreSQL"
+
+
+class PostgresStore:
+    """A durabl database on a PostgreSQL server. Thread-safe: a pool of connections."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        durability: str = "full",
+        read_only: bool = False,
+        reconnect_s: float = RECONNECT_S,
+        pool_size: int = POOL_SIZE,
+    ) -> None:
+        from durabl.store.sqlite import DURABILITY_MODES
+
+        if durability not in DURABILITY_MODES:
+            raise ValueError(
+                f"durability must be one of {', '.join(map(repr, DURABILITY_MODES))}, "
+                f"got {durability!r}"
+            )
+        self.url = url
+        self.path = server_name(url)
+        self.durability = durability
+        self.read_only = read_only
+        self.reconnect_s = reconnect_s
+        self._closed = False
+        self._options = " ".join(
+            option
+            for option, wanted in (
+                ("-c default_transaction_read_only=on", read_only),
+                ("-c synchronous_commit=off", durability == "process"),
+            )
+            if wanted
+        )
+        self._clock_offset_s = 0.0
+        with self._connection_once() as conn:
+            self._prepare(conn)
+            self._clock_offset_s = self._measure_clock(conn)
+        self._pool = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=pool_size,
+            kwargs=self._connect_kwargs(),
+            open=False,
+            name=f"durabl {self.path}",
+        )
+        self._pool.open(wait=False)
+
+    # -- connections -----------------------------------------------------------------------
+
+    def _connect_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S}
+        if self._options:
+            kwargs["options"] = self._options
+        return kwargs
+
+    @contextmanager
+    def _connection_once(self) -> Iterator[psycopg.Connection[Any]]:
+        """One connection of its own, for opening: a failure here is the user's to fix, so it
+        is reported at once, not retried."""
+        try:
+            conn = psycopg.connect(self.url, **self._connect_kwargs())
+        except psycopg.ProgrammingError as exc:  # the URL itself does not parse
+            raise ServerUnreachableError(
+                path=self.path, why="not a valid PostgreSQL URL", server_message=str(exc)
+            ) from None
+        except psycopg.OperationalError as exc:
+            message = " ".join(str(exc).split())
+            raise ServerUnreachableError(
+                path=self.path, why=_why_unreachable(message), server_message=message
+            ) from None
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+    def _prepare(self, conn: psycopg.Connection[Any]) -> None:
+        """Check what the database holds; create or migrate durabl's schema (not read-only)."""
+        try:
+            version = self._version(conn)
+            if version == SCHEMA_VERSION:
+                return
+            if version is not None and version > SCHEMA_VERSION:
+                raise SchemaVersionError(path=self.path, found=version, supported=SCHEMA_VERSION)
+            if self.read_only:
+                raise UninitialisedError(path=self.path)
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+                version = self._version(conn)  # another process may have migrated meanwhile
+                if version is None:
+                    conn.execute("CREATE SCHEMA IF NOT EXISTS durabl")
+                for number, script in MIGRATIONS:
+                    if number > (version or 0):
+                        conn.execute(script.encode())
+                        conn.execute(
+                            "INSERT INTO durabl.meta (application, schema_version) "
+                            "VALUES ('durabl', %s) ON CONFLICT (application) "
+                            "DO UPDATE SET schema_version = EXCLUDED.schema_version, "
+                            "migrated_at = now()",
+                            (number,),
+                        )
+        except psycopg.Error as exc:
+            raise self._error(exc) from None
+
+    def _version(self, conn: psycopg.Connection[Any]) -> int | None:
+        """The durabl schema version the database holds, or None if it holds none; raises if
+        its ``durabl`` schema holds another application's tables."""
+        has_schema, tables = conn.execute(PQ["identity"]).fetchone() or (0, [])
+        if not has_schema or not tables:
+            return None
+        foreign = [t for t in tables if t not in DURABL_TABLES]
+        if foreign or "meta" not in tables:
+            raise ForeignSchemaError(path=self.path, tables=foreign or list(tables))
+        found = conn.execute(PQ["schema_version"]).fetchone()
+        if found is None:
+            raise ForeignSchemaError(path=self.path, tables=list(tables))
+        return int(found[0])
+
+    def _measure_clock(self, conn: psycopg.Connection[Any]) -> float:
+        before = time.time()
+        row = conn.execute(PQ["clock"]).fetchone()
+        after = time.time()
+        return float(row[0]) - (before + after) / 2 if row else 0.0
+
+    def clock(self) -> float:
+        """The database server's clock, epoch seconds: this host's clock corrected by the
+        offset measured when the store opened. Timers are armed and fired by it, so that
+        workers on hosts whose clocks disagree agree on when a timer is due."""
+        return time.time() + self._clock_offset_s
+
+    def _error(self, exc: psycopg.Error) -> DurablError:
+        """The ``DurablError`` for what the server said."""
+        if _lost(exc):
+            message = " ".join(str(exc).split())
+            return ServerUnreachableError(
+                path=self.path, why="lost the connection to PostgreSQL", server_message=message
+            )
+        state = exc.sqlstate
+        message = exc.diag.message_primary or str(exc)
+        make = _REFUSALS.get(state or "")
+        if make is not None:
+            rule = message.removeprefix("durabl:").strip()
+            return make(path=self.path, rule=rule, sqlite_message=message)
+        if state == "23505":  # unique_violation outside a side effect's insert
+            return InvariantError(
+                path=self.path, rule="a row exists already", sqlite_message=message
+            )
+        return PostgresError(path=self.path, server_message=message, sqlstate=state)
+
+    def _do(
+        self,
+        work: Callable[[psycopg.Connection[Any]], T],
+        *,
+        write: bool = False,
+        durable: bool = False,
+        landed: Callable[[psycopg.Connection[Any]], tuple[bool, T]] | None = None,
+        snapshot: bool = False,
+    ) -> T:
+        """Run ``work`` in one transaction, on a pooled connection, retried across lost
+        connections (see the module docstring). ``landed`` tells, after a write's COMMIT went
+        unanswered, whether it committed, and its answer if it did."""
+        lost_at: float | None = None
+        unsure = False
+        delay_s = 0.05
+        while True:
+            if self._closed:
+                raise StoreClosedError(path=self.path)
+            sent_commit = False
+            try:
+                with self._pool.connection(timeout=max(1.0, self.reconnect_s)) as conn:
+                    if lost_at is not None:
+                        logger.warning(
+                            "durabl: reconnected to %s after %.1f s",
+                            self.path,
+                            time.monotonic() - lost_at,
+                        )
+                        lost_at = None
+                    if unsure and landed is not None:
+                        done, answer = landed(conn)
+                        if done:
+                            return answer
+                    unsure = False
+                    conn.execute(
+                        "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY" if snapshot else "BEGIN"
+                    )
+                    try:
+                        if write and durable is False and self.durability == "full":
+                            conn.execute("SET LOCAL synchronous_commit TO off")
+                        value = work(conn)
+                    except BaseException:
+                        if not conn.broken:
+                            conn.execute("ROLLBACK")
+                        raise
+                    sent_commit = True
+                    conn.execute("COMMIT")
+                    return value
+            except psycopg.Error as exc:
+                if not _lost(exc) or self._closed:
+                    raise self._error(exc) from None
+                now = time.monotonic()
+                if lost_at is None:
+                    lost_at = now
+                    logger.warning(
+                        "durabl: lost the connection to %s (%s); reconnecting",
+                        self.path,
+                        " ".join(str(exc).split()) or type(exc).__name__,
+                    )
+                elif now - lost_at > self.reconnect_s:
+                    raise ServerUnreachableError(
+                        path=self.path,
+                        why=f"lost the connection to PostgreSQL and could not reconnect in "
+                        f"{self.reconnect_s:g} s",
+                        server_message=" ".join(str(exc).split()),
+                    ) from None
+                unsure = unsure or (write and sent_commit)
+                time.sleep(delay_s)
+                delay_s = min(1.0, delay_s * 2)
+
+    # -- the Store interface ---------------------------------------------------------------
+
+    def create_run(self, row: RunRow, first: Event) -> RunRow | None:
+        token = None if row.lease is None else 1
+        lease = NO_LEASE if row.lease is None else parameters_of(row.lease)
+
+        def work(conn: psycopg.Connection[Any]) -> RunRow | None:
+            params = parameters_of(row, **lease, lease_token=token or 0)
+            if conn.execute(PQ["insert_run"], params).rowcount == 0:
+                return self._get_run(conn, row.run_id)
+            self._insert_events(conn, row.run_id, [first], token)
+            return None
+
+        def landed(conn: psycopg.Connection[Any]) -> tuple[bool, RunRow | None]:
+            found = self._get_run(conn, row.run_id)
+            if found is None:
+                return False, None
+            ours = (
+                found.created_s == row.created_s
+                and found.input_text == row.input_text
+                and (found.lease.owner if found.lease else None)
+                == (row.lease.owner if row.lease else None)
+            )
+            return True, None if ours else found
+
+        return self._do(work, write=True, durable=True, landed=landed)
+
+    def _get_run(self, conn: psycopg.Connection[Any], run_id: str) -> RunRow | None:
+        found = conn.cursor(row_factory=dict_row).execute(PQ["get_run"], {"run_id": run_id})
+        one = found.fetchone()
+        return None if one is None else run_row(one)  # type: ignore[arg-type]
+
+    def get_run(self, run_id: str) -> RunRow | None:
+        return self._do(lambda conn: self._get_run(conn, run_id))
+
+    def list_runs(
+        self,
+        statuses: tuple[str, ...] | None = None,
+        workflow: str | None = None,
+        limit: int | None = None,
+    ) -> list[RunRow]:
+        wanted: dict[str, Any] = {"workflow": workflow, "limit": limit}
+        query = PQ["list_runs"]
+        if statuses is not None:
+            wanted["statuses"] = list(statuses)
+            query = PQ["list_runs_by_status"]
+
+        def work(conn: psycopg.Connection[Any]) -> list[RunRow]:
+            rows = conn.cursor(row_factory=dict_row).execute(query, wanted).fetchall()
+            return [run_row(r) for r in rows]  # type: ignore[arg-type]
+
+        return self._do(work)
+
+    def load_log(self, run_id: str, after_seq: int = 0) -> list[Event]:
+        whose = {"run_id": run_id, "after_seq": after_seq}
+        rows = self._do(lambda conn: conn.execute(PQ["load_log"], whose).fetchall())
+        return self._verified(run_id, rows)
+
+    def last_step(self, run_id: str) -> int:
+        found = self._do(lambda conn: conn.execute(PQ["last_step"], {"run_id": run_id}).fetchone())
+        return int(found[0]) if found else 0
+
+    def _verified(self, run_id: str, rows: list[tuple[Any, ...]]) -> list[Event]:
+        log = []
+        for seq, kind, step, fp, data, at_s, crc in rows:
+            if codec.checksum(seq, kind, step, fp, data, at_s) != crc:
+                raise EventChecksumError(path=self.path, run_id=run_id, seq=seq)
+            log.append(Event(seq, kind, step, fp, data, at_s))
+        return log
+
+    def _insert_events(
+        self, conn: psycopg.Connection[Any], run_id: str, appended: list[Event], fence: int | None
+    ) -> None:
+        values: list[Any] = []
+        for seq, kind, step, fp, data, at_s in appended:
+            crc = codec.checksum(seq, kind, step, fp, data, at_s)
+            values += (run_id, seq, kind, step, fp, data, at_s, crc, fence)
+        row = "(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+        conn.execute(PQ["insert_events_head"] + ", ".join([row] * len(appended)), values)
+
+    def commit(self, commit: Commit) -> None:
+        run_id, fence = commit.run_id, commit.fence
+
+        def work(conn: psycopg.Connection[Any]) -> None:
+            if commit.events:
+                self._insert_events(conn, run_id, commit.events, fence)
+            if commit.side_effect is not None:
+                self._insert_side_effect(conn, commit.side_effect)
+            if commit.claim is not None:
+                conn.execute(PQ["upsert_claim"], parameters_of(commit.claim, at_s=commit.at_s))
+            if commit.release_claim is not None:
+                conn.execute(PQ["delete_claim"], {"idempotency_key": commit.release_claim})
+            set_wake = commit.wake_at_s != UNCHANGED
+            fenced_alone = fence is not None and not commit.events
+            if (
+                commit.status is not None
+                or commit.result_text is not None
+                or commit.error is not None
+                or commit.clear_error
+                or set_wake
+                or fenced_alone
+            ):
+                update = parameters_of(
+                    commit,
+                    set_wake=set_wake,
+                    wake_at_s=commit.wake_at_s if set_wake else None,
+                    updated_s=commit.at_s,
+                )
+                changed = conn.execute(PQ["update_run"], update).rowcount
+                if fenced_alone and changed == 0:
+                    raise LeaseLost(run_id=run_id, token=fence)
+
+        landed = None
+        if commit.events:
+            expected = [
+                (e.seq, codec.checksum(e.seq, e.kind, e.step, e.fp, e.data, e.at_s))
+                for e in commit.events
+            ]
+
+            def landed(conn: psycopg.Connection[Any]) -> tuple[bool, None]:
+                span = {"run_id": run_id, "first": expected[0][0], "last": expected[-1][0]}
+                found = [tuple(r) for r in conn.execute(PQ["events_landed"], span).fetchall()]
+                if not found:
+                    return False, None
+                if found == expected:
+                    return True, None
+                raise LeaseLost(run_id=run_id, token=fence)  # another owner wrote those seqs
+
+        self._do(work, write=True, durable=commit.durable, landed=landed)
+
+    def _insert_side_effect(self, conn: psycopg.Connection[Any], effect: SideEffect) -> None:
+        try:
+            with conn.transaction():  # a savepoint: the refusal is told apart from others
+                conn.execute(PQ["insert_side_effect"], parameters_of(effect))
+        except psycopg.errors.UniqueViolation:
+            raise SideEffectExistsError(
+                path=self.path, key=effect.key, run_id=effect.run_id, step=effect.step
+            ) from None
+
+    def side_effect(self, key: str) -> SideEffect | None:
+        def work(conn: psycopg.Connection[Any]) -> SideEffect | None:
+            cur = conn.cursor(row_factory=dict_row)
+            found = cur.execute(PQ["get_side_effect"], {"idempotency_key": key}).fetchone()
+            return None if found is None else SideEffect(**found)
+
+        return self._do(work)
+
+    def key_claim(self, key: str) -> KeyClaim | None:
+        def work(conn: psycopg.Connection[Any]) -> KeyClaim | None:
+            cur = conn.cursor(row_factory=dict_row)
+            found = cur.execute(PQ["get_claim"], {"idempotency_key": key}).fetchone()
+            return None if found is None else KeyClaim(**found)
+
+        return self._do(work)
+
+    def due_runs(self, now_s: float) -> list[str]:
+        return self._do(lambda conn: [r[0] for r in conn.execute(PQ["due_runs"], {"now_s": now_s})])
+
+    def next_wake_s(self) -> float | None:
+        found = self._do(lambda conn: conn.execute(PQ["next_wake"]).fetchone())
+        return None if found is None or found[0] is None else float(found[0])
+
+    def take_lease(self, run_id: str, seen_token: int, lease: Lease) -> int | None:
+        taking = parameters_of(lease, run_id=run_id, lease_token=seen_token)
+
+        def work(conn: psycopg.Connection[Any]) -> int | None:
+            changed = conn.execute(PQ["take_lease"], taking).rowcount
+            return seen_token + 1 if changed == 1 else None
+
+        def landed(conn: psycopg.Connection[Any]) -> tuple[bool, int | None]:
+            row = self._get_run(conn, run_id)
+            if row is None or row.lease_token == seen_token:
+                return False, None
+            mine = row.lease is not None and row.lease.owner == lease.owner
+            return True, seen_token + 1 if mine and row.lease_token == seen_token + 1 else None
+
+        return self._do(work, write=True, landed=landed)
+
+    def claim_runs(self, lease: Lease, now_s: float, limit: int) -> list[tuple[str, int]]:
+        """Take the leases of up to ``limit`` RUNNING runs that nobody holds (no lease, or an
+        expired one), skipping rows another claim has locked: (run id, new token) each."""
+        claiming = parameters_of(lease, now_s=now_s, limit=limit)
+
+        def work(conn: psycopg.Connection[Any]) -> list[tuple[str, int]]:
+            return [(r[0], int(r[1])) for r in conn.execute(PQ["claim_runs"], claiming)]
+
+        def landed(conn: psycopg.Connection[Any]) -> tuple[bool, list[tuple[str, int]]]:
+            return True, []  # what landed is leased to this owner; the leases expire unused
+
+        return self._do(work, write=True, landed=landed)
+
+    def renew_lease(self, run_id: str, token: int, owner: str, expires_s: float) -> bool:
+        renewal = {
+            "run_id": run_id,
+            "lease_token": token,
+            "lease_owner": owner,
+            "lease_expires_s": expires_s,
+        }
+        return self._do(
+            lambda conn: conn.execute(PQ["renew_lease"], renewal).rowcount == 1, write=True
+        )
+
+    def release_lease(self, run_id: str, token: int) -> None:
+        whose = {"run_id": run_id, "lease_token": token}
+        self._do(lambda conn: conn.execute(PQ["release_lease"], whose), write=True)
+
+    def compact(self, run_id: str, watermark: int, snapshot: str, fence: int) -> int:
+        folding = {
+            "run_id": run_id,
+            "watermark": watermark,
+            "body": snapshot,
+            "crc": codec.snapshot_checksum(watermark, snapshot),
+        }
+        seen: list[int] = []
+
+        def work(conn: psycopg.Connection[Any]) -> int:
+            found = conn.execute(PQ["compact_check"], folding).fetchone()
+            if found is None:
+                raise NoRunToCompactError(path=self.path, run_id=run_id)
+            token, old_mark, last_seq = found
+            if token != fence:
+                raise LeaseLost(run_id=run_id, token=fence)
+            if not old_mark < watermark <= (last_seq or 0):
+                raise ValueError(
+                    f"run {run_id}: cannot fold up to seq {watermark}: the log holds seqs "
+                    f"{old_mark + 1}..{last_seq or old_mark}"
+                )
+            seen[:] = [old_mark]
+            conn.execute(PQ["set_watermark"], folding)
+            conn.execute(PQ["set_snapshot"], folding)
+            return conn.execute(PQ["delete_folded"], folding).rowcount
+
+        def landed(conn: psycopg.Connection[Any]) -> tuple[bool, int]:
+            found = conn.execute(PQ["get_snapshot"], folding).fetchone()
+            done = found is not None and found[0] == watermark and found[2] == folding["crc"]
+            return done, watermark - seen[0] if done and seen else 0
+
+        return self._do(work, write=True, durable=True, landed=landed)
+
+    def load_history(self, run_id: str) -> tuple[int, str | None, list[Event]]:
+        whose = {"run_id": run_id, "after_seq": 0}
+
+        def work(conn: psycopg.Connection[Any]) -> tuple[Any, list[Any]]:
+            found = conn.execute(PQ["get_snapshot"], whose).fetchone()
+            return found, conn.execute(PQ["load_log"], whose).fetchall()
+
+        found, rows = self._do(work, snapshot=True)  # a compaction cannot tear the two reads
+        if found is None:
+            return 0, None, []
+        watermark, text, crc = found
+        if text is not None and codec.snapshot_checksum(watermark, text) != crc:
+            raise SnapshotChecksumError(path=self.path, run_id=run_id, watermark=watermark)
+        return watermark, text, self._verified(run_id, rows)
+
+    def reclaim(self) -> tuple[int, int]:
+        """PostgreSQL's own VACUUM of the tables compaction deletes from; the sizes are the
+        durabl schema's tables, indexes included."""
+        size = (
+            "SELECT COALESCE(SUM(pg_total_relation_size(format('durabl.%I', tablename))), 0) "
+            "FROM pg_tables WHERE schemaname = 'durabl'"
+        )
+
+        def measure(conn: psycopg.Connection[Any]) -> int:
+            row = conn.execute(size).fetchone()
+            return int(row[0]) if row else 0
+
+        before = self._do(measure)
+        try:
+            with self._pool.connection() as conn:  # VACUUM cannot run inside a transaction
+                conn.execute("VACUUM durabl.events")
+                conn.execute("VACUUM durabl.snapshots")
+        except psycopg.Error as exc:
+            raise self._error(exc) from None
+        return before, self._do(measure)
+
+    @contextmanager
+    def reading(self) -> Iterator[psycopg.Connection[Any]]:
+        """One read-only snapshot of the database (REPEATABLE READ), for its own tools."""
+        if self._closed:
+            raise StoreClosedError(path=self.path)
+        try:
+            with self._pool.connection() as conn:
+                conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                try:
+                    yield conn
+                finally:
+                    if not conn.broken:
+                        conn.execute("COMMIT")
+        except psycopg.Error as exc:
+            raise self._error(exc) from None
+
+    def watch(self, on_work: Callable[[], None]) -> Callable[[], None]:
+        """Call ``on_work`` whenever a run may have work for a worker (NOTIFY durabl_work, sent
+        by the schema's triggers), from a thread of its own with a connection of its own, which
+        reconnects by itself. Returns what stops it."""
+        stop = threading.Event()
+
+        def listen() -> None:
+            while not stop.is_set():
+                try:
+                    with psycopg.connect(self.url, **self._connect_kwargs()) as conn:
+                        conn.execute("LISTEN durabl_work")
+                        on_work()  # whatever was sent while not listening
+                        while not stop.is_set():
+                            for _ in conn.notifies(timeout=0.5, stop_after=64):
+                                on_work()
+                except psycopg.Error as exc:
+                    if stop.is_set():
+                        return
+                    logger.warning(
+                        "durabl: lost the notification connection to %s (%s); reconnecting",
+                        self.path,
+                        " ".join(str(exc).split()) or type(exc).__name__,
+                    )
+                    stop.wait(0.5)
+
+        thread = threading.Thread(target=listen, name="durabl-listen", daemon=True)
+        thread.start()
+
+        def close() -> None:
+            stop.set()
+            thread.join(timeout=5)
+
+        return close
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._pool.close()

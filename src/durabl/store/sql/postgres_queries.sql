@@ -1,0 +1,157 @@
+-- Every statement the PostgreSQL store issues, by name, as sqlite_queries.sql is for SQLite.
+-- Parameters are psycopg's named placeholders (%(run_id)s); a parameter that may be NULL where
+-- the statement tests it is cast, since PostgreSQL cannot infer the type of a bare NULL.
+
+-- name: insert_run
+INSERT INTO durabl.runs (run_id, workflow, input, status, result, error, created_s, updated_s,
+                         wake_at_s, watermark, lease_owner, lease_pid, lease_host, lease_started,
+                         lease_expires_s, lease_token)
+VALUES (%(run_id)s, %(workflow)s, %(input)s, %(status)s, NULL, NULL, %(created_s)s,
+        %(updated_s)s, NULL, 0, %(lease_owner)s, %(lease_pid)s, %(lease_host)s,
+        %(lease_started)s, %(lease_expires_s)s, %(lease_token)s)
+ON CONFLICT (run_id) DO NOTHING;
+
+-- name: get_run
+SELECT run_id, workflow, input AS input_text, status, result AS result_text, error, created_s,
+       updated_s, wake_at_s, watermark, lease_owner AS owner, lease_pid AS pid,
+       lease_host AS host, lease_started AS started, lease_expires_s AS expires_s, lease_token
+FROM durabl.runs WHERE run_id = %(run_id)s;
+
+-- name: list_runs
+SELECT run_id, workflow, input AS input_text, status, result AS result_text, error, created_s,
+       updated_s, wake_at_s, watermark, lease_owner AS owner, lease_pid AS pid,
+       lease_host AS host, lease_started AS started, lease_expires_s AS expires_s, lease_token
+FROM durabl.runs
+WHERE (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+ORDER BY created_s DESC, run_id DESC
+LIMIT %(limit)s::bigint;
+
+-- name: list_runs_by_status
+SELECT run_id, workflow, input AS input_text, status, result AS result_text, error, created_s,
+       updated_s, wake_at_s, watermark, lease_owner AS owner, lease_pid AS pid,
+       lease_host AS host, lease_started AS started, lease_expires_s AS expires_s, lease_token
+FROM durabl.runs
+WHERE status = ANY(%(statuses)s::text[])
+  AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+ORDER BY created_s DESC, run_id DESC
+LIMIT %(limit)s::bigint;
+
+-- name: insert_events_head
+INSERT INTO durabl.events (run_id, seq, kind, step, fp, data, at_s, crc, fence) VALUES
+
+-- name: events_landed
+-- What a commit whose outcome is unknown left behind: its events' seqs and checksums.
+SELECT seq, crc FROM durabl.events
+WHERE run_id = %(run_id)s AND seq BETWEEN %(first)s AND %(last)s ORDER BY seq;
+
+-- name: load_log
+SELECT seq, kind, step, fp, data, at_s, crc FROM durabl.events
+WHERE run_id = %(run_id)s AND seq > %(after_seq)s ORDER BY seq;
+
+-- name: last_step
+SELECT step FROM durabl.events WHERE run_id = %(run_id)s AND step > 0 ORDER BY seq DESC LIMIT 1;
+
+-- name: update_run
+UPDATE durabl.runs SET
+    status    = COALESCE(%(status)s::text, status),
+    result    = COALESCE(%(result)s::text, result),
+    error     = CASE WHEN %(error)s::text IS NOT NULL THEN %(error)s::text
+                     WHEN %(clear_error)s THEN NULL ELSE error END,
+    wake_at_s = CASE WHEN %(set_wake)s THEN %(wake_at_s)s::double precision ELSE wake_at_s END,
+    updated_s = %(updated_s)s
+WHERE run_id = %(run_id)s AND (%(fence)s::bigint IS NULL OR lease_token = %(fence)s::bigint);
+
+-- name: insert_side_effect
+INSERT INTO durabl.side_effects (idempotency_key, run_id, step, tool, args_fp, result, error,
+                                 at_s)
+VALUES (%(idempotency_key)s, %(run_id)s, %(step)s, %(tool)s, %(args_fp)s, %(result)s,
+        %(error)s, %(at_s)s);
+
+-- name: get_side_effect
+SELECT idempotency_key AS key, run_id, step, tool, args_fp, result AS result_text, error, at_s
+FROM durabl.side_effects WHERE idempotency_key = %(idempotency_key)s;
+
+-- name: upsert_claim
+INSERT INTO durabl.key_claims (idempotency_key, run_id, step, tool, args_fp, at_s)
+VALUES (%(idempotency_key)s, %(run_id)s, %(step)s, %(tool)s, %(args_fp)s, %(at_s)s)
+ON CONFLICT (idempotency_key) DO UPDATE SET
+    run_id = EXCLUDED.run_id, step = EXCLUDED.step, tool = EXCLUDED.tool,
+    args_fp = EXCLUDED.args_fp, at_s = EXCLUDED.at_s;
+
+-- name: delete_claim
+DELETE FROM durabl.key_claims WHERE idempotency_key = %(idempotency_key)s;
+
+-- name: get_claim
+SELECT idempotency_key AS key, run_id, step, tool, args_fp FROM durabl.key_claims
+WHERE idempotency_key = %(idempotency_key)s;
+
+-- name: due_runs
+SELECT run_id FROM durabl.runs
+WHERE wake_at_s IS NOT NULL AND wake_at_s <= %(now_s)s ORDER BY wake_at_s;
+
+-- name: next_wake
+SELECT MIN(wake_at_s) FROM durabl.runs WHERE wake_at_s IS NOT NULL;
+
+-- name: take_lease
+UPDATE durabl.runs SET lease_owner = %(lease_owner)s, lease_pid = %(lease_pid)s,
+                       lease_host = %(lease_host)s, lease_started = %(lease_started)s,
+                       lease_expires_s = %(lease_expires_s)s, lease_token = lease_token + 1
+WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s;
+
+-- name: renew_lease
+UPDATE durabl.runs SET lease_expires_s = %(lease_expires_s)s
+WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s AND lease_owner = %(lease_owner)s;
+
+-- name: release_lease
+UPDATE durabl.runs SET lease_owner = NULL, lease_pid = NULL, lease_host = NULL,
+                       lease_started = NULL, lease_expires_s = NULL
+WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s;
+
+-- name: claim_runs
+-- Workers on several hosts claiming unowned or expired RUNNING runs at once: each row locked by
+-- one claim is skipped by the others, so they divide the runs between them instead of racing
+-- for the same ones. The lease is taken in the same statement (the token grows by one).
+UPDATE durabl.runs SET lease_owner = %(lease_owner)s, lease_pid = %(lease_pid)s,
+                       lease_host = %(lease_host)s, lease_started = %(lease_started)s,
+                       lease_expires_s = %(lease_expires_s)s, lease_token = lease_token + 1
+WHERE run_id IN (
+    SELECT run_id FROM durabl.runs
+    WHERE status = 'RUNNING' AND (lease_owner IS NULL OR lease_expires_s <= %(now_s)s)
+    ORDER BY created_s
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING run_id, lease_token;
+
+-- name: compact_check
+SELECT lease_token, watermark,
+       (SELECT MAX(seq) FROM durabl.events WHERE run_id = %(run_id)s) AS last_seq
+FROM durabl.runs WHERE run_id = %(run_id)s FOR UPDATE;
+
+-- name: set_watermark
+UPDATE durabl.runs SET watermark = %(watermark)s WHERE run_id = %(run_id)s;
+
+-- name: set_snapshot
+INSERT INTO durabl.snapshots (run_id, watermark, body, crc)
+VALUES (%(run_id)s, %(watermark)s, %(body)s, %(crc)s)
+ON CONFLICT (run_id) DO UPDATE SET
+    watermark = EXCLUDED.watermark, body = EXCLUDED.body, crc = EXCLUDED.crc;
+
+-- name: delete_folded
+DELETE FROM durabl.events WHERE run_id = %(run_id)s AND seq <= %(watermark)s;
+
+-- name: get_snapshot
+SELECT runs.watermark, snapshots.body, snapshots.crc
+FROM durabl.runs LEFT JOIN durabl.snapshots USING (run_id) WHERE run_id = %(run_id)s;
+
+-- name: clock
+SELECT EXTRACT(EPOCH FROM clock_timestamp())::double precision;
+
+-- name: identity
+-- What the database's durabl schema is: whether it exists, its tables, and its meta row.
+SELECT (SELECT COUNT(*) FROM pg_namespace WHERE nspname = 'durabl') AS has_schema,
+       (SELECT COALESCE(array_agg(tablename::text ORDER BY tablename), '{}')
+        FROM pg_tables WHERE schemaname = 'durabl') AS tables;
+
+-- name: schema_version
+SELECT schema_version FROM durabl.meta WHERE application = 'durabl';
