@@ -79,7 +79,9 @@ class Runtime:
         )
         # A database that several hosts share keeps its own clock (PostgreSQL's), by which
         # timers are armed and fired; a file on one host goes by that host's.
-        user_clock = clock or getattr(self.store, "clock", time.time)
+        user_clock: Callable[[], float] = (
+            clock if clock is not None else getattr(self.store, "clock", time.time)
+        )
         self._clock: Callable[[], float] = lambda: float(user_clock())
         self.instance_id = uuid.uuid4().hex
         self._leaser = leases.Leaser(self.store, self.instance_id, lease_s)

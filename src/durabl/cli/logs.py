@@ -19,9 +19,9 @@ from durabl.cli.opening import read_store, runtime
 from durabl.cli.options import EXIT_FAILED, EXIT_OK, REQUIRED, Commands, UsageError, positive_whole
 from durabl.cli.render import Grid, emit, headline, print_state, short, when
 from durabl.replay import History
+from durabl.store import Store, open_store
 from durabl.store.base import RunRow
 from durabl.store.reads import require_run
-from durabl.store.sqlite import SQLiteStore
 from durabl.text import counted
 
 _STATUSES = (
@@ -145,7 +145,7 @@ class _Loaded:
         )
 
 
-def _load(store: SQLiteStore, run_id: str) -> _Loaded:
+def _load(store: Store, run_id: str) -> _Loaded:
     row = require_run(store, run_id)
     watermark, snapshot, log = store.load_history(run_id)
     history = History.from_events(run_id, log, watermark=watermark, snapshot=snapshot)
@@ -254,6 +254,6 @@ def _trace(args: argparse.Namespace, run: _Loaded) -> None:
 def _replay(args: argparse.Namespace) -> int:
     if not args.dry:
         raise UsageError("replay only runs dry: add --dry (use `resume` to drive a run on)")
-    with runtime(args, SQLiteStore(args.db, read_only=True)) as rt:
+    with runtime(args, open_store(args.db, read_only=True)) as rt:
         state = rt.replay(args.run, dry=True)
     return print_state(args, state)

@@ -14,7 +14,7 @@ from typing import Any
 
 from durabl.cli.options import UsageError
 from durabl.runtime import Runtime
-from durabl.store.sqlite import SQLiteStore
+from durabl.store import Store, open_store
 from durabl.tools import RetryPolicy
 
 
@@ -40,16 +40,17 @@ def load_modules(names: Sequence[str]) -> dict[str, Any]:
 
 
 @contextmanager
-def read_store(path: str) -> Iterator[SQLiteStore]:
-    """The database at ``path``, read-only, closed when the block ends."""
-    store = SQLiteStore(path, read_only=True)
+def read_store(path: str) -> Iterator[Store]:
+    """The database at ``path`` (a file, or a PostgreSQL URL), read-only, closed when the block
+    ends."""
+    store = open_store(path, read_only=True)
     try:
         yield store
     finally:
         store.close()
 
 
-def runtime(args: argparse.Namespace, store: SQLiteStore | None = None) -> Runtime:
+def runtime(args: argparse.Namespace, store: Store | None = None) -> Runtime:
     """A runtime with the ``--import`` modules' workflows and tools, on ``store`` if given,
     else on the ``--db`` file."""
     options = load_modules(args.imports)

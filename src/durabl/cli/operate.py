@@ -24,7 +24,7 @@ from durabl.cli.options import (
 )
 from durabl.cli.render import Grid, emit, print_state, short, state_text
 from durabl.runtime import Runtime
-from durabl.store.sqlite import SQLiteStore
+from durabl.store import open_store
 
 
 def add_worker(commands: Commands) -> None:
@@ -145,7 +145,7 @@ def _resume(args: argparse.Namespace, rt: Runtime) -> int:
 
 
 def _dlq_list(args: argparse.Namespace) -> int:
-    with Runtime(store=SQLiteStore(args.db, read_only=True)) as rt:
+    with Runtime(store=open_store(args.db, read_only=True)) as rt:
         letters = rt.dead_letters()
     table = [
         [d.run_id, d.workflow, str(d.step), short(d.step_description, 40), short(d.reason)]

@@ -126,6 +126,10 @@ class Store(Protocol):
         handed back.
         """
 
+    def last_step(self, run_id: str) -> int:
+        """The position of the run's newest step event (0 if none is left in the log), read
+        from the end of the log: its cost does not grow with the log."""
+
     def commit(self, commit: Commit) -> None:
         """Apply ``commit`` in ONE transaction: append its events (seq must continue the log
         with no gap, enforced by the database), update the run row, insert the side_effects row

@@ -30,7 +30,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from durabl import events, leases
 from durabl.errors import DurablError
-from durabl.store.sqlite import SQLiteStore
+from durabl.store import Store, is_postgres_url, open_store
 
 STATIC = {
     "/": ("index.html", "text/html; charset=utf-8"),
@@ -68,19 +68,22 @@ class Reader:
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self._store: SQLiteStore | None = None
+        self._store: Store | None = None
         self._identity: tuple[int, int] | None = None
 
-    def open(self) -> SQLiteStore:
+    def open(self) -> Store:
         """The store of the file now at the path. A user error (not a durabl database, a newer
         schema, a missing file) surfaces as the store's own error or FileNotFoundError."""
         with self._lock:
-            st = os.stat(self.path)
-            identity = (st.st_dev, st.st_ino)
+            if is_postgres_url(self.path):  # a server: no file to be replaced under it
+                identity = (0, 0)
+            else:
+                st = os.stat(self.path)
+                identity = (st.st_dev, st.st_ino)
             if self._store is not None and identity != self._identity:
                 self._close()
             if self._store is None:
-                self._store = SQLiteStore(self.path, read_only=True)
+                self._store = open_store(self.path, read_only=True)
                 self._identity = identity
             return self._store
 
@@ -148,7 +151,7 @@ def list_runs(reader: Reader, query: dict[str, list[str]], now_s: float) -> dict
     limit = _int(query, "limit", PAGE_SIZE, 1, MAX_PAGE)
     offset = _int(query, "offset", 0, 0, 10**9)
 
-    def work(store: SQLiteStore) -> dict[str, Any]:
+    def work(store: Store) -> dict[str, Any]:
         rows = store.list_runs(statuses=(status,) if status else None, limit=offset + limit + 1)
         page = rows[offset : offset + limit]
         runs = [{**_run_json(r, now_s), "steps": store.last_step(r.run_id)} for r in page]
@@ -164,7 +167,7 @@ def run_events(
 ) -> dict[str, Any]:
     after = _int(query, "after", 0, 0, 2**62)
 
-    def work(store: SQLiteStore) -> dict[str, Any]:
+    def work(store: Store) -> dict[str, Any]:
         row = store.get_run(run_id)
         if row is None:
             raise NotFound(f"no run {run_id!r} in {reader.path}")
