@@ -100,6 +100,37 @@ class Engine:
         """Create the run (with a new id if ``run_id`` is None) and drive it; an existing run
         with this id is driven on instead, if it has the same workflow and input
         (RunConflictError if not)."""
+        wf, row, first = self._new_run(target, run_input, run_id, boundary, leased=True)
+        existing = self.store.create_run(row, first)
+        if existing is not None:
+            return self._start_again(existing, wf, row.input_text)
+        self.writer.written.add(row.run_id)
+        self.workflows.setdefault(wf.name, wf)
+        with self.owning(row.run_id, token=1) as (row, token):
+            crashpoints.reach(crashpoints.AFTER_RUN_STARTED)
+            return self.drive_owned(row, wf, None, token)
+
+    def submit(
+        self, target: Any, run_input: Any, run_id: str | None, boundary: dict[str, Any]
+    ) -> str:
+        """Create the run with no owner, for whichever worker claims it first; returns its id.
+        Submitting again with the same id, workflow and input is the same submission."""
+        wf, row, first = self._new_run(target, run_input, run_id, boundary, leased=False)
+        existing = self.store.create_run(row, first)
+        if existing is not None:
+            self._check_same(existing, wf, row.input_text)
+        return row.run_id
+
+    def _new_run(
+        self,
+        target: Any,
+        run_input: Any,
+        run_id: str | None,
+        boundary: dict[str, Any],
+        *,
+        leased: bool,
+    ) -> tuple[Workflow, RunRow, Event]:
+        """A new run's workflow, row and RUN_STARTED event; leased to this runtime, or not."""
         wf = self.workflow_of(target)
         input_text, value = codec.round_trip(run_input, what=f"input of workflow {wf.name!r}")
         wf.bind(value)
@@ -120,19 +151,18 @@ class Engine:
             updated_s=now_s,
             wake_at_s=None,
             watermark=0,
-            lease=self.leaser.lease(),
+            lease=self.leaser.lease() if leased else None,
         )
-        first = Event(1, events.RUN_STARTED, 0, None, started, now_s)
-        existing = self.store.create_run(row, first)
-        if existing is not None:
-            return self._start_again(existing, wf, input_text)
-        self.writer.written.add(run_id)
-        self.workflows.setdefault(wf.name, wf)
-        with self.owning(run_id, token=1) as (row, token):
-            crashpoints.reach(crashpoints.AFTER_RUN_STARTED)
-            return self.drive_owned(row, wf, None, token)
+        return wf, row, Event(1, events.RUN_STARTED, 0, None, started, now_s)
 
     def _start_again(self, existing: RunRow, wf: Workflow, input_text: str) -> RunState:
+        self._check_same(existing, wf, input_text)
+        if existing.status == events.RUNNING:
+            return self.resume(existing, wf)
+        return self.state(existing.run_id)
+
+    def _check_same(self, existing: RunRow, wf: Workflow, input_text: str) -> None:
+        """RunConflictError unless ``existing`` is a run of ``wf`` with this input."""
         if existing.workflow != wf.name or existing.input_text != input_text:
             raise RunConflictError(
                 run_id=existing.run_id,
@@ -141,9 +171,6 @@ class Engine:
                 existing_workflow=existing.workflow,
                 existing_input_text=existing.input_text,
             )
-        if existing.status == events.RUNNING:
-            return self.resume(existing, wf)
-        return self.state(existing.run_id)
 
     def resume(
         self, row: RunRow, wf: Workflow | None = None, now_s: float | None = None
@@ -283,6 +310,24 @@ class Engine:
     def interrupted_runs(self, *, include_held: bool) -> list[str]:
         statuses = (events.RUNNING, events.HELD) if include_held else (events.RUNNING,)
         return [row.run_id for row in reversed(self.store.list_runs(statuses=statuses))]
+
+    def claim_runs(self, limit: int) -> list[str]:
+        """Up to ``limit`` RUNNING runs nobody holds, their leases taken in one statement that
+        other workers' claims skip (a store that several hosts share: ``claim_runs``); none
+        from a store that cannot, whose runs the scan of ``interrupted_runs`` finds."""
+        claim = getattr(self.store, "claim_runs", None)
+        if claim is None or limit < 1:
+            return []
+        claimed = claim(self.leaser.lease(), self.clock(), limit)
+        for run_id, token in claimed:
+            self.leaser.hold(run_id, token)  # renewed until the drive takes it on
+        return [run_id for run_id, _ in claimed]
+
+    def watch(self, on_work: Callable[[], None]) -> Callable[[], None] | None:
+        """Have ``on_work`` called when a run may have work (a store that can tell: ``watch``);
+        what stops it, or None."""
+        watch = getattr(self.store, "watch", None)
+        return None if watch is None else watch(on_work)
 
     def due_runs(self, now_s: float) -> list[str]:
         return self.store.due_runs(now_s)

@@ -77,10 +77,12 @@ def own_start() -> str | None:
     return _own_start[pid]
 
 
-def owner_gone(run_id: str, lease: Lease) -> bool:
-    """True when the lease's holder can no longer be driving the run."""
+def owner_gone(run_id: str, lease: Lease, store: Store | None = None) -> bool:
+    """True when the lease's holder can no longer be driving the run. A holder on another host
+    is gone only if ``store`` can tell (a server that sees its sessions: ``owner_alive``)."""
     if lease.host != HOST:
-        return False
+        alive = getattr(store, "owner_alive", None)
+        return alive is not None and not alive(lease.host, lease.pid)
     if lease.pid == os.getpid():
         with _driving_lock:
             return _driving.get(run_id) != lease.owner
@@ -146,7 +148,7 @@ class Leaser:
             lease is None
             or lease.owner == self.owner
             or lease.expires_s <= time.time()
-            or owner_gone(row.run_id, lease)
+            or owner_gone(row.run_id, lease, self.store)
         )
 
     def acquire(self, row: RunRow) -> int:

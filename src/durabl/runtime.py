@@ -155,6 +155,13 @@ class Runtime:
         """
         return self.run(workflow, input, run_id=run_id).run_id
 
+    def submit(self, workflow: Any, input: Any = None, *, run_id: str | None = None) -> str:
+        """Create a run without driving it, for a worker (``durabl worker``, ``serve``) to
+        claim; returns its id. On PostgreSQL the workers are woken at once and divide the
+        submitted runs between them. Submitting again with the same run id, workflow and input
+        is the same submission; with a different workflow or input it is an error."""
+        return self._engine.submit(workflow, input, run_id, self._boundary)
+
     def run(self, workflow: Any, input: Any = None, *, run_id: str | None = None) -> RunState:
         """``start``, and return the state the run reached."""
         return self._engine.start(workflow, input, run_id, self._boundary)

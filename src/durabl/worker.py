@@ -4,6 +4,11 @@ A worker resumes interrupted runs, fires timers when they are due (it sleeps unt
 deadline, waking sooner only to look for runs other processes started), claims each run through
 its lease, and on ``stop()`` lets the step in progress finish and parks its runs. Several workers,
 in several processes, may share one database: the leases keep each run to one of them.
+
+On a database that can tell (PostgreSQL: LISTEN/NOTIFY), a worker is woken when a run nobody
+holds appears or a timer is armed, and claims runs with a statement the other workers skip, so
+that workers on several hosts divide the runs instead of racing for them. Its look every
+``poll_s`` is then only how it finds runs whose owner died.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import selectors
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -48,6 +53,14 @@ class Drives(Protocol):
 
     def interrupted_runs(self, *, include_held: bool) -> list[str]:
         """Runs a process was driving when it stopped (and held runs, if asked), oldest first."""
+
+    def claim_runs(self, limit: int) -> list[str]:
+        """Up to ``limit`` RUNNING runs nobody holds, leased to this runtime by a claim other
+        workers skip; empty where the store cannot claim (the scan finds them instead)."""
+
+    def watch(self, on_work: Callable[[], None]) -> Callable[[], None] | None:
+        """Have ``on_work`` called whenever a run may have work; what stops it, or None when
+        the store cannot tell (the worker then looks every ``poll_s``)."""
 
     def due_runs(self, now_s: float) -> list[str]:
         """Runs whose timer is due at ``now_s``, earliest first."""
@@ -106,11 +119,15 @@ class Worker:
             with (
                 ThreadPoolExecutor(self.concurrency, thread_name_prefix="durabl-worker") as pool,
                 selectors.DefaultSelector() as waiter,
+                contextlib.ExitStack() as stack,
             ):
                 waiter.register(wake_r, selectors.EVENT_READ)
+                unwatch = self.runs.watch(self._poke)
+                stack.callback(lambda: unwatch is not None and unwatch())
                 self._submit(pool, self.runs.interrupted_runs(include_held=True))
                 last_scan_s = time.monotonic()
                 while not self._stopped:
+                    self._submit(pool, self.runs.claim_runs(self._free_slots()))
                     if time.monotonic() - last_scan_s >= self.poll_s:
                         self._submit(pool, self.runs.interrupted_runs(include_held=False))
                         last_scan_s = time.monotonic()
@@ -124,6 +141,11 @@ class Worker:
             wake_w.close()
             wake_r.close()
         return self.stats
+
+    def _free_slots(self) -> int:
+        """How many more runs the pool could start now."""
+        with self._lock:
+            return self.concurrency - len(self._in_flight)
 
     def _poke(self) -> None:
         """Wake ``run`` from its sleep."""

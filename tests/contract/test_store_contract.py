@@ -4,15 +4,23 @@
 states it, against every entry of ``BACKENDS``. To add a backend (PostgreSQL), write a
 ``Backend`` for it (how to open a fresh store, open the same database again, attach a second
 handle, damage one stored event behind the store's back, and build a value that kills the process
-while the backend writes it) and append it to ``BACKENDS``; nothing else changes.
+while the backend writes it) and append it to ``BACKENDS``; nothing else changes. SQLite runs in
+a file under the test's ``tmp_path``; PostgreSQL in a database of its own on the machine's server
+(``pg_support``), dropped when the test ends.
 
 ``TestSQLiteFile`` holds what only a file can get wrong: versions, foreign, truncated and
 non-SQLite files, and the triggers that keep the log's invariants inside the database.
+``TestPostgresDatabase`` holds the same for a database on a server: its triggers against any
+writer, versioned migrations that run once however many processes open a new database at once,
+a newer schema, another application's tables in the ``durabl`` schema, and the application's
+own tables beside it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import itertools
 import os
 import shutil
 import sqlite3
@@ -23,13 +31,25 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+from psycopg.adapt import Dumper
 
+import pg_support
 from durabl import ProcessDeath, SchemaVersionError, StorageError, codec, events
-from durabl.errors import LeaseLost, SideEffectExistsError
+from durabl.errors import (
+    DurablError,
+    ForeignSchemaError,
+    HistoryRewriteError,
+    LeaseLost,
+    LogGapError,
+    SideEffectExistsError,
+)
 from durabl.events import Event
 from durabl.store import Commit, KeyClaim, RunRow, SideEffect, SQLiteStore, Store
+from durabl.store import postgres as pg
 from durabl.store.base import UNCHANGED, Lease
+from durabl.store.postgres import PostgresStore
 from durabl.store.sqlite import APPLICATION_ID, SCHEMA_VERSION, Q
 
 T0_S = 1_700_000_000.0
@@ -54,8 +74,8 @@ class Backend:
     dying_text: Callable[[str], str]
     """A text value that raises ``ProcessDeath`` at the moment the backend writes it."""
     damage_run: Callable[[Store, str, str, Any], Store]
-    """Close the store, overwrite one column of one run's row on a copy of the database
-    (bypassing every guard), and return a store open on the damaged copy."""
+    """Close the store, overwrite one column (``table.column``) of one run's rows on a copy of
+    the database (bypassing every guard), and return a store open on the damaged copy."""
 
 
 class _DiesWhenBound(str):
@@ -110,7 +130,68 @@ def _sqlite(durability: str) -> Backend:
     )
 
 
-BACKENDS = [_sqlite("full"), _sqlite("process")]
+class _DiesWhenDumped(str):
+    """The PostgreSQL twin of ``_DiesWhenBound``: psycopg asks the dumper registered for a
+    value's class to turn it into bytes while it builds the statement that carries it, so
+    raising there is a death in the middle of a transaction, between two statements."""
+
+
+class _DyingDumper(Dumper):
+    oid = psycopg.adapters.types["text"].oid
+
+    def dump(self, obj: object) -> bytes:
+        raise ProcessDeath("mid-transaction")
+
+
+class _DyingBinaryDumper(_DyingDumper):
+    format = psycopg.pq.Format.BINARY
+
+
+# Registered before any store opens: a connection takes the global adapters as they are when
+# it is made.
+psycopg.adapters.register_dumper(_DiesWhenDumped, _DyingDumper)
+psycopg.adapters.register_dumper(_DiesWhenDumped, _DyingBinaryDumper)
+
+
+def _postgres(durability: str) -> Backend:
+    def open_(directory: Path) -> Store:
+        return PostgresStore(pg_support.create_database(), durability=durability)
+
+    def reopen(store: Store) -> Store:
+        store.close()
+        return PostgresStore(_url(store), durability=durability)
+
+    def attach(store: Store) -> Store:
+        return PostgresStore(_url(store), durability=durability)
+
+    def damage(store: Store, table: str, sql: str, params: tuple[Any, ...]) -> Store:
+        store.close()
+        copy = pg_support.copy_database(_url(store))
+        with pg_support.connect(copy) as conn, pg_support.guards_off(conn, table):
+            changed = conn.execute(sql, params).rowcount
+        assert changed == 1, "the row to damage must be in the database"
+        return PostgresStore(copy, durability=durability)
+
+    def damage_event(store: Store, run_id: str, seq: int, column: str, value: Any) -> Store:
+        sql = f"UPDATE durabl.events SET {column} = %s WHERE run_id = %s AND seq = %s"
+        return damage(store, "events", sql, (value, run_id, seq))
+
+    def damage_run(store: Store, run_id: str, column: str, value: Any) -> Store:
+        table, _, name = column.partition(".")
+        sql = f"UPDATE durabl.{table} SET {name} = %s WHERE run_id = %s"
+        return damage(store, table, sql, (value, run_id))
+
+    return Backend(
+        f"postgres-{durability}", open_, reopen, attach, damage_event, _DiesWhenDumped, damage_run
+    )
+
+
+def _url(store: Store) -> str:
+    assert isinstance(store, PostgresStore)
+    return store.url
+
+
+BACKENDS = [_sqlite("full"), _sqlite("process"), _postgres("full"), _postgres("process")]
 
 
 # -- building blocks -------------------------------------------------------------------------
@@ -204,6 +285,14 @@ def backend(request: pytest.FixtureRequest) -> Backend:
     return request.param
 
 
+@pytest.fixture(autouse=True)
+def _postgres_databases() -> Iterator[None]:
+    """Drop the PostgreSQL databases a test made, once its stores are closed (an autouse
+    fixture is torn down after the fixtures the test asked for)."""
+    yield
+    pg_support.drop_all()
+
+
 @pytest.fixture
 def opened() -> Iterator[list[Store]]:
     """Every store a test opens; all closed at teardown."""
@@ -218,6 +307,13 @@ def store(backend: Backend, tmp_path: Path, opened: list[Store]) -> Store:
     fresh = backend.open(tmp_path)
     opened.append(fresh)
     return fresh
+
+
+def _incompressible(chars: int) -> str:
+    """Text no database can store in less than its length: PostgreSQL compresses a repeated
+    phrase in place, which would leave compaction next to nothing to free."""
+    digests = (hashlib.sha256(b"%d" % n).hexdigest() for n in itertools.count())
+    return "".join(itertools.islice(digests, chars // 64 + 1))[:chars]
 
 
 def new_run(store: Store, run_id: str = "run-1", **row: Any) -> RunRow:
@@ -773,7 +869,7 @@ class TestStoreContract:
 
     def test_reclaim_gives_back_what_compaction_freed(self, store: Store) -> None:
         new_run(store)
-        body = codec.encode("otters " * 300)
+        body = codec.encode(_incompressible(2100))
         for start in range(2, 402, 50):
             seqs = range(start, start + 50)
             store.commit(Commit("run-1", [event(seq, data=body) for seq in seqs]))

@@ -18,7 +18,7 @@ from durabl.cli.opening import read_store
 from durabl.cli.options import EXIT_FAILED, EXIT_OK, OPTIONAL, Commands, UsageError, port
 from durabl.cli.render import Grid, console, emit, headline
 from durabl.metrics import Metrics, of_run
-from durabl.store import doctor
+from durabl.store import doctor, is_postgres_url
 from durabl.store.reads import require_run
 from durabl.text import counted
 
@@ -162,7 +162,7 @@ def _figures(m: Metrics) -> list[list[str]]:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    if not os.path.lexists(args.db):
+    if not is_postgres_url(args.db) and not os.path.lexists(args.db):
         raise UsageError(f"{args.db} does not exist")
     with _progress(args) as progress:
         found = doctor.examine(args.db, progress)

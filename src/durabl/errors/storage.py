@@ -240,6 +240,49 @@ class SideEffectExistsError(StorageError, refines=True):
         )
 
 
+# -- storage: copying a database to another backend (durabl migrate) ---------------------------
+
+
+class MigrationRefusedError(StorageError, refines=True):
+    """durabl will not copy this source to this target, and has written nothing."""
+
+    def __init__(self, *, source: str, target: str, why: str) -> None:
+        self.source, self.target, self.why = source, target, why
+        super().__init__(f"cannot migrate {source} to {target}: {why}; nothing was written")
+
+
+class TargetNotEmptyError(StorageError, refines=True):
+    """The target database already holds durabl data: a migration copies into an empty one."""
+
+    def __init__(self, *, path: str, runs: int, side_effects: int, claims: int) -> None:
+        self.path, self.runs = path, runs
+        self.side_effects, self.claims = side_effects, claims
+        held = ", ".join(
+            f"{n} {thing if n == 1 else things}"
+            for n, thing, things in (
+                (runs, "run", "runs"),
+                (side_effects, "side effect", "side effects"),
+                (claims, "key claim", "key claims"),
+            )
+        )
+        super().__init__(
+            f"{path} already holds durabl data ({held}); a migration copies only into an "
+            f"empty database, so nothing was written. Create a new one (createdb) and migrate "
+            f"into it"
+        )
+
+
+class CopyMismatchError(StorageError, refines=True):
+    """Read back on arrival, the copy differs from its source; it was rolled back whole."""
+
+    def __init__(self, *, path: str, table: str, what: str) -> None:
+        self.path, self.table, self.what = path, table, what
+        super().__init__(
+            f"{path}: the copy does not match its source: {what}; it was rolled back, and the "
+            f"target holds none of it"
+        )
+
+
 # -- storage: what the log holds -----------------------------------------------------------------
 
 

@@ -1,22 +1,29 @@
 """Check a durabl database for damage without changing it (``durabl doctor``).
 
-The file is opened the way every read-only command opens it, ``SQLiteStore(path,
-read_only=True)``: never created, migrated or written, and a file the store refuses (foreign,
-newer, truncated, not SQLite) is reported with the store's own reason. Every check then reads
-inside one read transaction, so a worker appending to the file meanwhile cannot make a healthy
-log look torn. The log is scanned once; the checksum, numbering and status checks share it.
+The database is opened the way every read-only command opens it, ``open_store(path,
+read_only=True)``: never created, migrated or written, and a database the store refuses
+(foreign, newer, truncated, not SQLite, a server that cannot be reached) is reported with the
+store's own reason. Every check then reads inside one read transaction (on PostgreSQL, one
+REPEATABLE READ snapshot), so a worker appending meanwhile cannot make a healthy log look torn.
+The log is scanned once; the checksum, numbering and status checks share it.
+
+What differs between the backends is read through a ``_Reader``: the named queries, the
+integrity check (SQLite's ``PRAGMA integrity_check``; PostgreSQL checks its own pages) and how
+the schema's version and triggers are found.
 """
 
 from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from durabl import codec, events
 from durabl.errors import MissingSnapshotError, StorageError
-from durabl.store.sqlite import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION, Q, SQLiteStore
+from durabl.store import is_postgres_url, open_store
+from durabl.store.sqlite import APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION, Q
 from durabl.text import counted
 
 Progress = Callable[[int, int], None]
@@ -61,32 +68,87 @@ class _Log:
     terminals: list[tuple[int, str]] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class _Reader:
+    """One backend's side of the checks, over one read transaction."""
+
+    rows: Callable[[str], Iterable[Mapping[str, Any]]]
+    """The rows of a named query, by column name."""
+    tuples: Callable[[str], Iterable[tuple[Any, ...]]]
+    integrity: Callable[[], tuple[str, list[str]]]
+    schema: Callable[[], tuple[int, int, list[Finding]]]
+    """(the database's schema version, this durabl's, what the schema check found)."""
+    failure: type[Exception]
+    """What the driver raises when the database cannot be read."""
+
+
 def examine(path: str, progress: Progress | None = None) -> list[Finding]:
-    """Every check's findings; the file is healthy when all of them are ``ok``."""
+    """Every check's findings; the database is healthy when all of them are ``ok``."""
     try:
-        store = SQLiteStore(path, read_only=True)
+        store = open_store(path, read_only=True)
     except StorageError as exc:
         return [Finding("open", False, str(exc))]
     try:
-        with store.reading() as conn:  # one read snapshot for every check
-            opened = Finding("open", True, f"{path} opened read-only")
-            return [opened, *_checks(conn, progress)]
+        with store.reading() as conn:  # type: ignore[attr-defined]  # one read snapshot
+            opened = Finding("open", True, f"{store.path} opened read-only")
+            reader = _postgres(conn) if is_postgres_url(path) else _sqlite(conn)
+            return [opened, *_checks(reader, progress)]
     finally:
         store.close()
 
 
-def _checks(conn: sqlite3.Connection, progress: Progress | None) -> Iterator[Finding]:
+def _sqlite(conn: sqlite3.Connection) -> _Reader:
+    return _Reader(
+        rows=lambda name: conn.execute(Q[name]),
+        tuples=lambda name: conn.execute(Q[name]),
+        integrity=lambda: _integrity(conn),
+        schema=lambda: _schema(conn),
+        failure=sqlite3.Error,
+    )
+
+
+def _postgres(conn: Any) -> _Reader:
+    import psycopg
+    from psycopg.rows import dict_row
+
+    from durabl.store.postgres import MIGRATIONS as PG_MIGRATIONS
+    from durabl.store.postgres import PQ
+    from durabl.store.postgres import SCHEMA_VERSION as PG_VERSION
+
+    def rows(name: str) -> Iterable[Mapping[str, Any]]:
+        # A server-side cursor: the log is streamed, not loaded whole into this process.
+        return conn.cursor(name=f"durabl_{name}", row_factory=dict_row).execute(PQ[name])
+
+    def integrity() -> tuple[str, list[str]]:
+        (checksums,) = conn.execute(PQ["doctor_page_checksums"]).fetchone()
+        return f"the server checks its own pages (data_checksums: {checksums})", []
+
+    def schema() -> tuple[int, int, list[Finding]]:
+        (version,) = conn.execute(PQ["schema_version"]).fetchone()
+        present = {row[0] for row in conn.execute(PQ["doctor_triggers"])}
+        return version, PG_VERSION, _triggers(f"schema v{version}", PG_MIGRATIONS, present)
+
+    return _Reader(
+        rows=rows,
+        tuples=lambda name: conn.execute(PQ[name]),
+        integrity=integrity,
+        schema=schema,
+        failure=psycopg.Error,
+    )
+
+
+def _checks(reader: _Reader, progress: Progress | None) -> Iterator[Finding]:
     check = "integrity"
     try:
-        yield from _report(check, *_integrity(conn))
+        yield from _report(check, *reader.integrity())
         check = "schema"
-        version, found = _schema(conn)
+        version, current, found = reader.schema()
         yield from found
-        if version < SCHEMA_VERSION:
+        if version < current:
             return
         check = "checksums"
-        runs = {row["run_id"]: _Run(**row) for row in conn.execute(Q["doctor_runs"])}
-        logs, damaged = _scan(conn, progress)
+        runs = {row["run_id"]: _Run(**row) for row in reader.rows("doctor_runs")}
+        logs, damaged = _scan(reader, progress)
         damaged += [p for run in runs.values() if (p := _snapshot_damage(run))]
         scanned = counted(sum(log.count for log in logs.values()), "event")
         snapshots = counted(sum(1 for run in runs.values() if run.snapshot is not None), "snapshot")
@@ -100,9 +162,9 @@ def _checks(conn: sqlite3.Connection, progress: Progress | None) -> Iterator[Fin
         problems = [p for run in runs.values() for p in _status_problems(run, logs.get(run.run_id))]
         yield from _report(check, "every run's status agrees with its log", problems)
         check = "orphans"
-        yield from _report(check, "every row names an existing run", _orphans(conn, runs, logs))
-    except sqlite3.Error as exc:
-        yield Finding(check, False, f"cannot read the file: {exc}")
+        yield from _report(check, "every row names an existing run", _orphans(reader, runs, logs))
+    except reader.failure as exc:
+        yield Finding(check, False, f"cannot read the database: {exc}")
 
 
 def _report(check: str, ok_text: str, problems: list[str]) -> Iterator[Finding]:
@@ -120,35 +182,44 @@ def _integrity(conn: sqlite3.Connection) -> tuple[str, list[str]]:
     return "PRAGMA integrity_check: ok", [] if lines == ["ok"] else lines
 
 
-def _schema(conn: sqlite3.Connection) -> tuple[int, list[Finding]]:
+def _schema(conn: sqlite3.Connection) -> tuple[int, int, list[Finding]]:
     """The file's schema version, and what the check found. The store already refused a
     foreign or newer file; what is left to find is an older one and missing triggers."""
     app_id, version = conn.execute(Q["doctor_identity"]).fetchone()
     about = f"application id {app_id:#x}, schema v{version} (this durabl: v{SCHEMA_VERSION})"
     if app_id != APPLICATION_ID:
-        return version, [Finding("schema", False, f"{about}: not a durabl database")]
+        return (
+            version,
+            SCHEMA_VERSION,
+            [Finding("schema", False, f"{about}: not a durabl database")],
+        )
     if version < SCHEMA_VERSION:
         later = (
             f"{about}: a runtime migrates it when it opens the file to write; the checks of "
             f"the log need v{SCHEMA_VERSION} and were not run"
         )
-        return version, [Finding("schema", True, later)]
+        return version, SCHEMA_VERSION, [Finding("schema", True, later)]
     present = {row[0] for row in conn.execute(Q["doctor_triggers"])}
-    wanted = [n for _, script in MIGRATIONS for n in re.findall(r"CREATE TRIGGER (\w+)", script)]
+    return version, SCHEMA_VERSION, _triggers(about, MIGRATIONS, present)
+
+
+def _triggers(about: str, migrations: list[tuple[int, str]], present: set[str]) -> list[Finding]:
+    """Whether every trigger the migrations create is in force."""
+    wanted = [n for _, script in migrations for n in re.findall(r"CREATE TRIGGER (\w+)", script)]
     problems = [
         f"trigger {name} is missing: the database no longer enforces the invariant it guards"
         for name in wanted
         if name not in present
     ]
-    return version, list(_report("schema", f"{about}, {len(wanted)} triggers", problems))
+    return list(_report("schema", f"{about}, {len(wanted)} triggers", problems))
 
 
-def _scan(conn: sqlite3.Connection, progress: Progress | None) -> tuple[dict[str, _Log], list[str]]:
+def _scan(reader: _Reader, progress: Progress | None) -> tuple[dict[str, _Log], list[str]]:
     """One pass over every event, in log order: checksums, numbering, terminal events."""
-    total = conn.execute(Q["doctor_count_events"]).fetchone()[0]
+    total = next(iter(reader.tuples("doctor_count_events")))[0]
     logs: dict[str, _Log] = {}
     damaged = []
-    for done, row in enumerate(conn.execute(Q["doctor_events"]), 1):
+    for done, row in enumerate(reader.rows("doctor_events"), 1):
         run_id, seq, kind = row["run_id"], row["seq"], row["kind"]
         crc = codec.checksum(seq, kind, row["step"], row["fp"], row["data"], row["at_s"])
         if crc != row["crc"]:
@@ -221,10 +292,10 @@ def _status_problems(run: _Run, log: _Log | None) -> Iterator[str]:
         yield f"{name} is {status} but its last event is {last_kind}"
 
 
-def _orphans(conn: sqlite3.Connection, runs: dict[str, _Run], logs: dict[str, _Log]) -> list[str]:
+def _orphans(reader: _Reader, runs: dict[str, _Run], logs: dict[str, _Log]) -> list[str]:
     problems = [
         f"{table} row {key!r} names run {run_id!r}, which does not exist"
-        for table, key, run_id in conn.execute(Q["doctor_orphans"])
+        for table, key, run_id in reader.tuples("doctor_orphans")
     ]
     problems += [
         f"{log.count} events name run {run_id!r}, which does not exist"

@@ -26,10 +26,11 @@ twice is doing them once.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 
 import psycopg
@@ -104,6 +105,11 @@ def server_name(url: str) -> str:
     return f"postgresql://{user}{host}{port}/{info.get('dbname') or ''}"
 
 
+def session_name(host: str, pid: int) -> str:
+    """The application_name of the sessions of process ``pid`` on ``host``."""
+    return f"durabl:{host}:{pid}"[:63]  # the server keeps 63 bytes of it
+
+
 def _lost(exc: BaseException) -> bool:
     """Whether ``exc`` says the connection is gone (as opposed to a statement refused)."""
     if not isinstance(exc, psycopg.OperationalError):
@@ -154,6 +160,9 @@ class PostgresStore:
         self.read_only = read_only
         self.reconnect_s = reconnect_s
         self._closed = False
+        self.session_name = session_name(os.uname().nodename, os.getpid())
+        """What this process's sessions are called on the server: how another host tells that
+        the process holding a lease is gone (``owner_alive``)."""
         self._options = " ".join(
             option
             for option, wanted in (
@@ -179,7 +188,11 @@ class PostgresStore:
     # -- connections -----------------------------------------------------------------------
 
     def _connect_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S}
+        kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "connect_timeout": CONNECT_TIMEOUT_S,
+            "application_name": self.session_name,
+        }
         if self._options:
             kwargs["options"] = self._options
         return kwargs
@@ -319,7 +332,8 @@ class PostgresStore:
                         value = work(conn)
                     except BaseException:
                         if not conn.broken:
-                            conn.execute("ROLLBACK")
+                            with suppress(psycopg.Error):  # the error in hand is the one to tell
+                                conn.execute("ROLLBACK")
                         raise
                     sent_commit = True
                     conn.execute("COMMIT")
@@ -536,6 +550,15 @@ class PostgresStore:
             return True, []  # what landed is leased to this owner; the leases expire unused
 
         return self._do(work, write=True, landed=landed)
+
+    def owner_alive(self, host: str, pid: int) -> bool:
+        """Whether process ``pid`` on ``host`` still has a session open on the server. A
+        process that dies, killed or crashed, loses its sessions with it, so its leases need
+        not run out before another host takes its runs; a host cut off from the network keeps
+        them until the server notices, and then its leases run out as leases do."""
+        name = {"name": session_name(host, pid)}
+        found = self._do(lambda conn: conn.execute(PQ["owner_alive"], name).fetchone())
+        return bool(found and found[0])
 
     def renew_lease(self, run_id: str, token: int, owner: str, expires_s: float) -> bool:
         renewal = {

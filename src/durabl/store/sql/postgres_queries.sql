@@ -108,15 +108,19 @@ UPDATE durabl.runs SET lease_owner = NULL, lease_pid = NULL, lease_host = NULL,
 WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s;
 
 -- name: claim_runs
--- Workers on several hosts claiming unowned or expired RUNNING runs at once: each row locked by
--- one claim is skipped by the others, so they divide the runs between them instead of racing
--- for the same ones. The lease is taken in the same statement (the token grows by one).
+-- Workers on several hosts claiming RUNNING runs nobody holds at once (no lease, an expired one,
+-- or one whose process has no session left on the server): each row locked by one claim is
+-- skipped by the others, so they divide the runs between them instead of racing for the same
+-- ones. The lease is taken in the same statement (the token grows by one).
 UPDATE durabl.runs SET lease_owner = %(lease_owner)s, lease_pid = %(lease_pid)s,
                        lease_host = %(lease_host)s, lease_started = %(lease_started)s,
                        lease_expires_s = %(lease_expires_s)s, lease_token = lease_token + 1
 WHERE run_id IN (
     SELECT run_id FROM durabl.runs
-    WHERE status = 'RUNNING' AND (lease_owner IS NULL OR lease_expires_s <= %(now_s)s)
+    WHERE status = 'RUNNING'
+      AND (lease_owner IS NULL OR lease_expires_s <= %(now_s)s OR NOT EXISTS (
+          SELECT 1 FROM pg_stat_activity
+          WHERE application_name = 'durabl:' || lease_host || ':' || lease_pid))
     ORDER BY created_s
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -144,6 +148,11 @@ DELETE FROM durabl.events WHERE run_id = %(run_id)s AND seq <= %(watermark)s;
 SELECT runs.watermark, snapshots.body, snapshots.crc
 FROM durabl.runs LEFT JOIN durabl.snapshots USING (run_id) WHERE run_id = %(run_id)s;
 
+-- name: owner_alive
+-- Whether the process that holds a lease still has a session open on this server: every store
+-- names its sessions 'durabl:<host>:<pid>', and a killed process's sessions end with it.
+SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = %(name)s);
+
 -- name: clock
 SELECT EXTRACT(EPOCH FROM clock_timestamp())::double precision;
 
@@ -155,3 +164,33 @@ SELECT (SELECT COUNT(*) FROM pg_namespace WHERE nspname = 'durabl') AS has_schem
 
 -- name: schema_version
 SELECT schema_version FROM durabl.meta WHERE application = 'durabl';
+
+-- name: doctor_triggers
+-- durabl's triggers that are in force: a disabled one guards nothing, so it counts as missing.
+SELECT t.tgname FROM pg_trigger t
+JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = 'durabl' AND NOT t.tgisinternal AND t.tgenabled <> 'D';
+
+-- name: doctor_page_checksums
+SHOW data_checksums;
+
+-- name: doctor_runs
+SELECT run_id, status, runs.watermark, snapshots.body AS snapshot, snapshots.crc AS snapshot_crc
+FROM durabl.runs LEFT JOIN durabl.snapshots USING (run_id) ORDER BY run_id;
+
+-- name: doctor_count_events
+SELECT COUNT(*) FROM durabl.events;
+
+-- name: doctor_events
+SELECT run_id, seq, kind, step, fp, data, at_s, crc FROM durabl.events ORDER BY run_id, seq;
+
+-- name: doctor_orphans
+SELECT 'side_effects', idempotency_key, run_id FROM durabl.side_effects
+WHERE run_id NOT IN (SELECT run_id FROM durabl.runs)
+UNION ALL
+SELECT 'key_claims', idempotency_key, run_id FROM durabl.key_claims
+WHERE run_id NOT IN (SELECT run_id FROM durabl.runs)
+UNION ALL
+SELECT 'snapshots', run_id, run_id FROM durabl.snapshots
+WHERE run_id NOT IN (SELECT run_id FROM durabl.runs)
+ORDER BY 1, 2;

@@ -1,0 +1,114 @@
+"""``durabl doctor`` on a PostgreSQL database: the same checks as on a file, read in one
+REPEATABLE READ snapshot, and what only a server can get wrong (a trigger switched off)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from durabl import Runtime, ToolCall, workflow
+
+SERVER = "postgresql://127.0.0.1:5432"
+_names = itertools.count()
+
+
+@workflow(name="doctor_chain")
+def chain(ctx: object, steps: int) -> object:
+    total = 0
+    for i in range(steps):
+        total += yield ToolCall("add", {"i": i})
+    return total
+
+
+def _admin() -> psycopg.Connection[tuple[object, ...]]:
+    try:
+        return psycopg.connect(f"{SERVER}/postgres", autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as exc:
+        raise AssertionError(
+            f"needs the PostgreSQL server at {SERVER} (make postgres-up): {exc}"
+        ) from None
+
+
+@pytest.fixture
+def url() -> Iterator[str]:
+    name = f"durabl_doctor_{os.getpid()}_{next(_names)}"
+    with _admin() as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    yield f"{SERVER}/{name}"
+    with _admin() as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def doctor(url: str) -> tuple[int, dict[str, object]]:
+    done = subprocess.run(
+        [sys.executable, "-m", "durabl", "--db", url, "--json", "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return done.returncode, json.loads(done.stdout)
+
+
+def failed(report: dict[str, object]) -> list[tuple[str, str]]:
+    findings = report["findings"]
+    assert isinstance(findings, list)
+    return [(f["check"], f["message"]) for f in findings if not f["ok"]]
+
+
+def seeded(url: str) -> str:
+    with Runtime(url, tools={"add": lambda i: i}) as rt:
+        return rt.run(chain, {"steps": 3}).run_id
+
+
+def test_a_healthy_database_passes_every_check(url: str) -> None:
+    seeded(url)
+    code, report = doctor(url)
+    assert (code, report["healthy"], failed(report)) == (0, True, [])
+    checks = [f["check"] for f in report["findings"]]  # type: ignore[union-attr]
+    assert checks == ["open", "integrity", "schema", "checksums", "logs", "status", "orphans"]
+
+
+def test_a_damaged_event_is_found_by_run_and_seq(url: str) -> None:
+    run_id = seeded(url)
+    with psycopg.connect(url, autocommit=True) as conn:  # behind the store's back
+        conn.execute("ALTER TABLE durabl.events DISABLE TRIGGER USER")
+        conn.execute(
+            "UPDATE durabl.events SET data = '{\"forged\": 1}' WHERE run_id = %s AND seq = 3",
+            (run_id,),
+        )
+        conn.execute("ALTER TABLE durabl.events ENABLE TRIGGER USER")
+    code, report = doctor(url)
+    assert code == 1
+    assert failed(report) == [
+        ("checksums", f"run {run_id} seq 3: the event (TOOL_DISPATCHED) fails its checksum")
+    ]
+
+
+def test_a_switched_off_trigger_is_a_missing_guard(url: str) -> None:
+    seeded(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE durabl.events DISABLE TRIGGER events_guard")
+    code, report = doctor(url)
+    assert code == 1
+    assert failed(report) == [
+        (
+            "schema",
+            "trigger events_guard is missing: the database no longer enforces the invariant "
+            "it guards",
+        )
+    ]
+
+
+def test_an_unreachable_server_is_one_finding(url: str) -> None:
+    code, report = doctor("postgresql://127.0.0.1:1/nothing")
+    assert code == 1
+    ((check, message),) = failed(report)
+    assert check == "open"
+    assert message.startswith("postgresql://127.0.0.1:1/nothing: cannot connect to PostgreSQL")

@@ -1,0 +1,226 @@
+"""Workers in real processes on one PostgreSQL database (SPEC §7; the PostgreSQL backend).
+
+- Submitted runs wake sleeping workers through LISTEN/NOTIFY and are divided between them by
+  claims that skip each other's locked rows: with a poll interval far longer than the test, every
+  run still completes, each effect once, driven by more than one worker.
+- A timer armed on the server wakes a worker when it is due, again without polling.
+- The connection is cut under the workers, over and over (``pg_terminate_backend``), and the
+  server is restarted in immediate mode (a crash: no shutdown checkpoint) while they run: every
+  run completes, no tool is called twice for one key (no process died, so a second call could
+  only come from an acknowledged commit that was lost or a commit made twice), every log is
+  gapless, and the workers said that they reconnected.
+
+Workflows and tools live in ``worker_agents.py``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from proc_support import Procs, count_by, env_for, lines, outbox_keys, processes, wait_until
+
+from durabl import Runtime
+from durabl.steps import derived_key
+from durabl.store import open_store
+
+SERVER = "postgresql://127.0.0.1:5432"
+LONG_POLL_S = 120.0
+"""Longer than any test here: whatever a worker finds, it was told of, not polled for."""
+
+_names = itertools.count()
+
+
+def _admin() -> psycopg.Connection[tuple[object, ...]]:
+    try:
+        return psycopg.connect(f"{SERVER}/postgres", autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as exc:
+        raise AssertionError(
+            f"these tests need the PostgreSQL server at {SERVER} (make postgres-up): {exc}"
+        ) from None
+
+
+@pytest.fixture
+def url() -> Iterator[str]:
+    name = f"durabl_workers_{os.getpid()}_{next(_names)}"
+    with _admin() as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{name}"')
+    yield f"{SERVER}/{name}"
+    with _admin() as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def settled(url: str, run_ids: list[str]) -> bool:
+    store = open_store(url, read_only=True)
+    try:
+        found = {row.run_id: row.status for row in store.list_runs()}
+    finally:
+        store.close()
+    return all(found.get(run_id) == "COMPLETED" for run_id in run_ids)
+
+
+def check_every_log(url: str, run_ids: list[str]) -> set[int]:
+    """Every run's log is 1..N with no hole; returns the pids that resumed the runs."""
+    store = open_store(url, read_only=True)
+    drivers: set[int] = set()
+    try:
+        for run_id in run_ids:
+            log = store.load_log(run_id)
+            assert [e.seq for e in log] == list(range(1, len(log) + 1)), run_id
+            for e in log:
+                if e.kind == "RUN_RESUMED":
+                    drivers.add(int(json.loads(e.data or "{}")["pid"]))
+    finally:
+        store.close()
+    return drivers
+
+
+def submit(url: str, count: int, steps: int) -> list[str]:
+    import worker_agents
+
+    with Runtime(url, workflows=[worker_agents.chain]) as rt:
+        return [rt.submit("wa_chain", {"steps": steps}, run_id=f"sub-{i}") for i in range(count)]
+
+
+def stop(procs: list[subprocess.Popen[str]]) -> str:
+    """SIGTERM each worker; each must exit 0. Their stderr, joined."""
+    errs = []
+    for proc in procs:
+        proc.terminate()
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, f"worker exited {proc.returncode}\n{out}\n{err}"
+        errs.append(err)
+    return "\n".join(errs)
+
+
+def each_effect_once(folder: Path, run_ids: list[str], steps: int) -> None:
+    keys = {derived_key(run_id, position) for run_id in run_ids for position in range(2, 2 + steps)}
+    calls = lines(folder / "calls.txt")
+    assert count_by(calls, kind="begin") == dict.fromkeys(keys, 1)
+    assert outbox_keys(folder / "outbox.txt") == dict.fromkeys(keys, 1)
+
+
+def start_workers(
+    procs: Procs, env: dict[str, str], url: str, count: int
+) -> list[subprocess.Popen[str]]:
+    workers = [procs.worker(env, url, concurrency=2, poll_s=LONG_POLL_S) for _ in range(count)]  # type: ignore[arg-type]
+    time.sleep(1.5)  # listening before the first NOTIFY is sent
+    return workers
+
+
+def test_submitted_runs_are_divided_between_workers_woken_by_notify(
+    tmp_path: Path, url: str
+) -> None:
+    env = env_for(tmp_path, DURABL_TEST_STEP_S="0.02")
+    with processes() as procs:
+        workers = start_workers(procs, env, url, 2)
+        run_ids = submit(url, 24, steps=3)
+        wait_until("the workers to complete every run", lambda: settled(url, run_ids), 40)
+        stop(workers)
+
+    each_effect_once(tmp_path, run_ids, steps=3)
+    drivers = check_every_log(url, run_ids)
+    assert drivers <= {w.pid for w in workers}
+    assert len(drivers) == 2, "one worker did everything: the claims did not divide the runs"
+
+
+def test_a_timer_wakes_a_worker_when_due_without_polling(tmp_path: Path, url: str) -> None:
+    import worker_agents
+
+    env = env_for(tmp_path)
+    with processes() as procs:
+        (worker,) = start_workers(procs, env, url, 1)
+        with Runtime(url, workflows=[worker_agents.sleeper]) as rt:
+            armed_s = time.time()
+            run_id = rt.submit("wa_sleeper", {"seconds": 1.0})
+            wait_until("the timer to fire", lambda: settled(url, [run_id]), 20)
+            done_s = time.time()
+            row = rt.state(run_id)
+        stop([worker])
+
+    assert row.status == "COMPLETED"
+    assert 1.0 <= done_s - armed_s < 10, "fired before its deadline, or only by a poll"
+
+
+def _terminate_sessions(url: str) -> int:
+    name = url.rsplit("/", 1)[1]
+    with _admin() as admin:
+        found = admin.execute(
+            "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = %s AND pid <> pg_backend_pid()",
+            (name,),
+        ).fetchone()
+    return int(found[0]) if found else 0
+
+
+def test_connections_cut_again_and_again_lose_and_repeat_nothing(tmp_path: Path, url: str) -> None:
+    env = env_for(tmp_path, DURABL_TEST_STEP_S="0.01")
+    cut = 0
+    with processes() as procs:
+        workers = start_workers(procs, env, url, 2)
+        run_ids = submit(url, 16, steps=6)
+        done = threading.Event()
+
+        def cutter() -> None:
+            nonlocal cut
+            while not done.wait(0.15):
+                cut += _terminate_sessions(url)
+
+        thread = threading.Thread(target=cutter)
+        thread.start()
+        try:
+            time.sleep(2.0)
+        finally:
+            done.set()
+            thread.join()
+        wait_until("the workers to complete every run", lambda: settled(url, run_ids), 60)
+        errors = stop(workers)
+
+    assert cut >= 10, f"only {cut} sessions were cut: the test proved little"
+    each_effect_once(tmp_path, run_ids, steps=6)
+    check_every_log(url, run_ids)
+    assert "lost the connection to" in errors
+    assert "reconnected to" in errors
+
+
+def _restart_server_immediately() -> None:
+    version = os.listdir("/etc/postgresql")[0]
+    subprocess.run(
+        [
+            "pg_ctlcluster",
+            "--skip-systemctl-redirect",
+            version,
+            "main",
+            "restart",
+            "-m",
+            "immediate",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+
+
+def test_a_server_crash_and_restart_while_workers_run(tmp_path: Path, url: str) -> None:
+    env = env_for(tmp_path, DURABL_TEST_STEP_S="0.02")
+    with processes() as procs:
+        workers = start_workers(procs, env, url, 2)
+        run_ids = submit(url, 12, steps=8)
+        time.sleep(0.7)  # well into the runs
+        _restart_server_immediately()
+        wait_until("the workers to complete every run", lambda: settled(url, run_ids), 90)
+        errors = stop(workers)
+
+    each_effect_once(tmp_path, run_ids, steps=8)
+    check_every_log(url, run_ids)
+    assert "lost the connection to" in errors
+    assert "reconnected to" in errors
