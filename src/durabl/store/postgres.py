@@ -283,7 +283,7 @@ class PostgresStore:
         make = _REFUSALS.get(state or "")
         if make is not None:
             rule = message.removeprefix("durabl:").strip()
-            return make(path=self.path, rule=rule, sqlite_message=message)
+            return make(path=self.path, rule=rule, sqlite_message=f"SQLSTATE {state}")
         if state == "23505":  # unique_violation outside a side effect's insert
             return InvariantError(
                 path=self.path, rule="a row exists already", sqlite_message=message
@@ -323,6 +323,8 @@ class PostgresStore:
                         if done:
                             return answer
                     unsure = False
+                    if not (write or snapshot):  # one statement: its own transaction
+                        return work(conn)
                     conn.execute(
                         "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY" if snapshot else "BEGIN"
                     )
