@@ -209,6 +209,8 @@ class PostgresError(StorageError, refines=True):
 
     def __init__(self, *, path: str, server_message: str, sqlstate: str | None) -> None:
         self.path, self.server_message, self.sqlstate = path, server_message, sqlstate
+        self.constraint: str | None = None
+        """The constraint that refused the statement, if one did."""
         code = f" [SQLSTATE {sqlstate}]" if sqlstate else ""
         super().__init__(f"{path}: {server_message}{code}")
 
@@ -269,6 +271,17 @@ class TargetNotEmptyError(StorageError, refines=True):
             f"{path} already holds durabl data ({held}); a migration copies only into an "
             f"empty database, so nothing was written. Create a new one (createdb) and migrate "
             f"into it"
+        )
+
+
+class TargetBusyError(StorageError, refines=True):
+    """Another session holds the target's durabl tables, and a migration must have them alone."""
+
+    def __init__(self, *, path: str, waited_s: float) -> None:
+        self.path, self.waited_s = path, waited_s
+        super().__init__(
+            f"{path}: another session held durabl's tables for {waited_s:g} s (a worker, or a "
+            f"transaction left open?); nothing was written. Stop it and migrate again"
         )
 
 

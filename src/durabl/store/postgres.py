@@ -43,7 +43,6 @@ from durabl.errors import (
     EventChecksumError,
     ForeignSchemaError,
     HistoryRewriteError,
-    InvariantError,
     LeaseLost,
     LogGapError,
     NoRunToCompactError,
@@ -284,11 +283,9 @@ class PostgresStore:
         if make is not None:
             rule = message.removeprefix("durabl:").strip()
             return make(path=self.path, rule=rule, sqlite_message=f"SQLSTATE {state}")
-        if state == "23505":  # unique_violation outside a side effect's insert
-            return InvariantError(
-                path=self.path, rule="a row exists already", sqlite_message=message
-            )
-        return PostgresError(path=self.path, server_message=message, sqlstate=state)
+        error = PostgresError(path=self.path, server_message=message, sqlstate=state)
+        error.constraint = exc.diag.constraint_name
+        return error
 
     def _do(
         self,
@@ -298,10 +295,14 @@ class PostgresStore:
         durable: bool = False,
         landed: Callable[[psycopg.Connection[Any]], tuple[bool, T]] | None = None,
         snapshot: bool = False,
+        pipelined: bool = False,
     ) -> T:
         """Run ``work`` in one transaction, on a pooled connection, retried across lost
         connections (see the module docstring). ``landed`` tells, after a write's COMMIT went
-        unanswered, whether it committed, and its answer if it did."""
+        unanswered, whether it committed, and its answer if it did. ``pipelined``: ``work``
+        only sends statements and needs none of their answers, so BEGIN, its statements and
+        COMMIT go to the server together, in one round trip; the first refusal among them is
+        raised, and the transaction is rolled back."""
         lost_at: float | None = None
         unsure = False
         delay_s = 0.05
@@ -325,6 +326,15 @@ class PostgresStore:
                     unsure = False
                     if not (write or snapshot):  # one statement: its own transaction
                         return work(conn)
+                    if pipelined:
+                        sent_commit = True  # it goes out with the rest: from here, unsure
+                        with conn.pipeline():
+                            conn.execute("BEGIN")
+                            if durable is False and self.durability == "full":
+                                conn.execute("SET LOCAL synchronous_commit TO off")
+                            value = work(conn)
+                            conn.execute("COMMIT")
+                        return value
                     conn.execute(
                         "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY" if snapshot else "BEGIN"
                     )
@@ -449,7 +459,7 @@ class PostgresStore:
             if commit.events:
                 self._insert_events(conn, run_id, commit.events, fence)
             if commit.side_effect is not None:
-                self._insert_side_effect(conn, commit.side_effect)
+                conn.execute(PQ["insert_side_effect"], parameters_of(commit.side_effect))
             if commit.claim is not None:
                 conn.execute(PQ["upsert_claim"], parameters_of(commit.claim, at_s=commit.at_s))
             if commit.release_claim is not None:
@@ -490,16 +500,24 @@ class PostgresStore:
                     return True, None
                 raise LeaseLost(run_id=run_id, token=fence)  # another owner wrote those seqs
 
-        self._do(work, write=True, durable=commit.durable, landed=landed)
-
-    def _insert_side_effect(self, conn: psycopg.Connection[Any], effect: SideEffect) -> None:
+        effect = commit.side_effect
         try:
-            with conn.transaction():  # a savepoint: the refusal is told apart from others
-                conn.execute(PQ["insert_side_effect"], parameters_of(effect))
-        except psycopg.errors.UniqueViolation:
-            raise SideEffectExistsError(
-                path=self.path, key=effect.key, run_id=effect.run_id, step=effect.step
-            ) from None
+            # A commit that appends events is fenced by the append trigger, so nothing in it
+            # waits on an answer: it can go out in one round trip. One that only updates the
+            # row learns from the update's count whether its fence held, before COMMIT.
+            self._do(
+                work,
+                write=True,
+                durable=commit.durable,
+                landed=landed,
+                pipelined=bool(commit.events),
+            )
+        except PostgresError as exc:
+            if effect is not None and exc.constraint == "side_effects_pkey":
+                raise SideEffectExistsError(
+                    path=self.path, key=effect.key, run_id=effect.run_id, step=effect.step
+                ) from None
+            raise
 
     def side_effect(self, key: str) -> SideEffect | None:
         def work(conn: psycopg.Connection[Any]) -> SideEffect | None:
