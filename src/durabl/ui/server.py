@@ -271,10 +271,10 @@ def serve(
 ) -> DashboardServer:
     """Bind the dashboard for ``db`` and return the server (call ``serve_forever``). Raises
     the store's error for a database it cannot open, and OSError for a port in use."""
-    if not os.path.exists(db):
+    if not is_postgres_url(db) and not os.path.exists(db):
         raise FileNotFoundError(db)
     reader = Reader(db)
-    reader.open()  # a file that is not a durabl database is refused now, not on the page
+    shown = reader.open().path  # a database that is not durabl's is refused now, not on the page
     server = DashboardServer((host, port), reader, clock or time.time)
     if not is_loopback(host):
         print(
@@ -283,7 +283,7 @@ def serve(
             file=out,
         )
     print(
-        f"durabl ui: http://{host}:{server.server_port}/ (database {db}, read-only)",
+        f"durabl ui: http://{host}:{server.server_port}/ (database {shown}, read-only)",
         file=out,
         flush=True,
     )
