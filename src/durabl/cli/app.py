@@ -13,10 +13,11 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from durabl.cli import examine, logs, operate
+from durabl.cli import examine, logs, migrate, operate
 from durabl.cli.opening import runtime
 from durabl.cli.options import EXIT_OK, EXIT_USAGE, Commands, Parser, UsageError
 from durabl.errors import DurablError
+from durabl.store import is_postgres_url
 
 _COMMANDS: tuple[Callable[[Commands], None], ...] = (
     # in the order ``durabl --help`` lists them
@@ -30,6 +31,7 @@ _COMMANDS: tuple[Callable[[Commands], None], ...] = (
     examine.add_metrics,
     operate.add_compact,
     examine.add_doctor,
+    migrate.add_migrate,
     examine.add_ui,
 )
 
@@ -87,7 +89,9 @@ def _run(args: argparse.Namespace) -> int:
     if getattr(args, "read_only", False):
         code_ro: int = args.handler(args)
         return code_ro
-    if getattr(args, "needs_db", False) and not os.path.exists(args.db):
+    if getattr(args, "needs_db", False) and not (
+        is_postgres_url(args.db) or os.path.exists(args.db)
+    ):
         raise UsageError(f"{args.db} does not exist")
     with runtime(args) as rt:
         code: int = args.handler(args, rt)

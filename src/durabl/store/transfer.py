@@ -38,6 +38,7 @@ from durabl.errors import (
     PostgresError,
     ServerUnreachableError,
     SnapshotChecksumError,
+    TargetBusyError,
     TargetNotEmptyError,
 )
 from durabl.store import is_postgres_url, open_store
@@ -56,6 +57,7 @@ Progress = Callable[[str, int, int], None]
 """Called with (pass, events done, events in all) during each pass over the events."""
 
 _PROGRESS_EVERY = 5000
+_LOCK_TIMEOUT_S = 30
 _TABLES = ("runs", "events", "side_effects", "key_claims", "snapshots")
 
 
@@ -332,7 +334,7 @@ def _copy_and_verify(
         try:
             with conn.transaction():
                 conn.execute("SET LOCAL synchronous_commit TO on")  # the commit is durable
-                conn.execute(_TARGET_LOCK)  # nobody else writes to the target until it commits
+                _lock(conn, target)
                 _refuse_non_empty(conn, target)
                 for table in COPY_ORDER:
                     _copy_table(src, conn, table, counts, progress)
@@ -343,11 +345,35 @@ def _copy_and_verify(
             raise _server_error(target, exc) from None
 
 
-def _refuse_non_empty(conn: psycopg.Connection[Any], target: str) -> None:
+def _lock(conn: psycopg.Connection[Any], target: str) -> None:
+    """Keep every other session from writing to durabl's tables until the copy commits, so
+    that the target found empty is still empty when the copy lands. A session that holds them
+    and does not let go (left idle in a transaction) is reported, not waited for forever."""
+    import psycopg
+
+    conn.execute(f"SET LOCAL lock_timeout = '{_LOCK_TIMEOUT_S}s'")
+    try:
+        conn.execute(_TARGET_LOCK)
+    except psycopg.errors.LockNotAvailable:
+        raise TargetBusyError(path=target, waited_s=_LOCK_TIMEOUT_S) from None
+    conn.execute("SET LOCAL lock_timeout = 0")
+
+
+def _counts_on(conn: psycopg.Connection[Any]) -> dict[str, int]:
     found = conn.execute(_TARGET_COUNTS).fetchone()
-    runs, events, side_effects, claims, snapshots = found or (0,) * len(_TABLES)
-    if runs or events or side_effects or claims or snapshots:
-        raise TargetNotEmptyError(path=target, runs=runs, side_effects=side_effects, claims=claims)
+    assert found is not None  # a SELECT without FROM always answers one row
+    return dict(zip(_TABLES, found, strict=True))
+
+
+def _refuse_non_empty(conn: psycopg.Connection[Any], target: str) -> None:
+    found = _counts_on(conn)
+    if any(found.values()):
+        raise TargetNotEmptyError(
+            path=target,
+            runs=found["runs"],
+            side_effects=found["side_effects"],
+            claims=found["key_claims"],
+        )
 
 
 def _copy_table(
@@ -370,7 +396,7 @@ def _copy_table(
 
 
 def _compare_counts(conn: psycopg.Connection[Any], target: str, counts: _Counts) -> None:
-    found = dict(zip(_TABLES, conn.execute(_TARGET_COUNTS).fetchone() or (), strict=True))
+    found = _counts_on(conn)
     for table in COPY_ORDER:
         if found[table.name] != counts.of(table):
             what = f"{table.name} holds {found[table.name]} rows, the source {counts.of(table)}"
