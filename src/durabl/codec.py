@@ -141,6 +141,16 @@ def fingerprint(canonical_text: str) -> str:
     return blake2b(canonical_text.encode(), digest_size=10).hexdigest()
 
 
+def storable(text: str) -> str:
+    """``text`` as every backend can store it in a text column: a NUL (which PostgreSQL's text
+    refuses) and a lone surrogate (which is not UTF-8 at all) are written out as escapes. For
+    the free text of error messages, which come from any exception's ``str``; JSON columns
+    escape these already."""
+    if "\x00" not in text and text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+
+
 def checksum(seq: int, kind: str, step: int, fp: str | None, data: str | None, at_s: float) -> int:
     """CRC-32 over every column of an event row that replay depends on."""
     row = f"{seq}\x1f{kind}\x1f{step}\x1f{fp or ''}\x1f{data or ''}\x1f{float(at_s)!r}"

@@ -108,6 +108,8 @@ class Journal:
             status = events.RUNNING if new else self.status
         writer = self.writer
         now_s = writer.clock()
+        if error is not None:
+            error = codec.storable(error)
         rows = self._rows(new, self.progress.position if step is None else step, now_s)
         clear_error = status in _HEALTHY and error is None and self.error is not None
         writer.store.commit(

@@ -211,11 +211,12 @@ def _restart_server_immediately() -> None:
 
 
 def test_a_server_crash_and_restart_while_workers_run(tmp_path: Path, url: str) -> None:
-    env = env_for(tmp_path, DURABL_TEST_STEP_S="0.02")
+    env = env_for(tmp_path, DURABL_TEST_STEP_S="0.05")
     with processes() as procs:
         workers = start_workers(procs, env, url, 2)
         run_ids = submit(url, 12, steps=8)
-        time.sleep(0.7)  # well into the runs
+        time.sleep(0.5)  # well into the runs, far from their end (96 steps of 50 ms, 4 at once)
+        assert not settled(url, run_ids)
         _restart_server_immediately()
         wait_until("the workers to complete every run", lambda: settled(url, run_ids), 90)
         errors = stop(workers)
@@ -224,3 +225,21 @@ def test_a_server_crash_and_restart_while_workers_run(tmp_path: Path, url: str) 
     check_every_log(url, run_ids)
     assert "lost the connection to" in errors
     assert "reconnected to" in errors
+
+
+def test_a_takeover_does_not_wait_on_an_owner_frozen_inside_its_commit(url: str) -> None:
+    import worker_agents
+
+    with Runtime(url, workflows=[worker_agents.chain]) as rt:
+        run_id = rt.submit("wa_chain", {"steps": 1})
+        row = rt.store.get_run(run_id)
+        assert row is not None
+        lease = rt._leaser.lease()
+        with psycopg.connect(url) as frozen:  # BEGIN ... the row locked, and then nothing
+            frozen.execute("SELECT 1 FROM durabl.runs WHERE run_id = %s FOR UPDATE", (run_id,))
+            started_s = time.monotonic()
+            assert rt.store.take_lease(run_id, row.lease_token, lease) is None
+            waited_s = time.monotonic() - started_s
+            frozen.rollback()
+        assert waited_s < 10, f"the takeover waited {waited_s:.1f} s on a frozen owner's lock"
+        assert rt.store.take_lease(run_id, row.lease_token, lease) == row.lease_token + 1

@@ -216,7 +216,7 @@ def _effect(
         tool=tool,
         args_fp=call.step.fingerprint,
         result_text=result_text,
-        error=error,
+        error=None if error is None else codec.storable(error),
         at_s=call.now(),
     )
 

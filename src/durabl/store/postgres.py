@@ -74,6 +74,15 @@ MIGRATION_LOCK = 0x64726231
 RECONNECT_S = 60.0
 """How long a call keeps trying to reach a lost server before it gives up."""
 
+TAKEOVER_WAIT_MS = 2000
+"""How long taking a lease waits for the run's row before it counts as held elsewhere."""
+
+IDLE_IN_TRANSACTION_MS = 30_000
+"""A session of this store that sits inside a transaction this long is ended by the server,
+which releases its locks: no commit of durabl's waits on anything between its statements, so
+only a frozen or cut-off process gets there, and its locks would otherwise keep other workers
+off its runs until TCP noticed (hours)."""
+
 POOL_SIZE = 16
 CONNECT_TIMEOUT_S = 10
 
@@ -134,6 +143,15 @@ def _why_unreachable(message: str) -> str:
     return "cannot connect to PostgreSQL"
 
 
+class _Attempt:
+    """What one try of a call got as far as: whether its COMMIT was sent."""
+
+    __slots__ = ("sent_commit",)
+
+    def __init__(self) -> None:
+        self.sent_commit = False
+
+
 class PostgresStore:
     """A durabl database on a PostgreSQL server. Thread-safe: a pool of connections."""
 
@@ -167,6 +185,7 @@ class PostgresStore:
             for option, wanted in (
                 ("-c default_transaction_read_only=on", read_only),
                 ("-c synchronous_commit=off", durability == "process"),
+                (f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}", True),
             )
             if wanted
         )
@@ -309,47 +328,19 @@ class PostgresStore:
         while True:
             if self._closed:
                 raise StoreClosedError(path=self.path)
-            sent_commit = False
+            attempt = _Attempt()
             try:
                 with self._pool.connection(timeout=max(1.0, self.reconnect_s)) as conn:
-                    if lost_at is not None:
-                        logger.warning(
-                            "durabl: reconnected to %s after %.1f s",
-                            self.path,
-                            time.monotonic() - lost_at,
-                        )
-                        lost_at = None
-                    if unsure and landed is not None:
-                        done, answer = landed(conn)
-                        if done:
-                            return answer
-                    unsure = False
-                    if not (write or snapshot):  # one statement: its own transaction
-                        return work(conn)
-                    if pipelined:
-                        sent_commit = True  # it goes out with the rest: from here, unsure
-                        with conn.pipeline():
-                            conn.execute("BEGIN")
-                            if durable is False and self.durability == "full":
-                                conn.execute("SET LOCAL synchronous_commit TO off")
-                            value = work(conn)
-                            conn.execute("COMMIT")
-                        return value
-                    conn.execute(
-                        "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY" if snapshot else "BEGIN"
+                    value = self._once(
+                        conn,
+                        work,
+                        attempt,
+                        write,
+                        durable,
+                        snapshot,
+                        pipelined,
+                        landed if unsure else None,
                     )
-                    try:
-                        if write and durable is False and self.durability == "full":
-                            conn.execute("SET LOCAL synchronous_commit TO off")
-                        value = work(conn)
-                    except BaseException:
-                        if not conn.broken:
-                            with suppress(psycopg.Error):  # the error in hand is the one to tell
-                                conn.execute("ROLLBACK")
-                        raise
-                    sent_commit = True
-                    conn.execute("COMMIT")
-                    return value
             except psycopg.Error as exc:
                 if not _lost(exc) or self._closed:
                     raise self._error(exc) from None
@@ -361,6 +352,7 @@ class PostgresStore:
                         self.path,
                         " ".join(str(exc).split()) or type(exc).__name__,
                     )
+                    self._pool.check()  # the outage killed the idle connections too: drop them
                 elif now - lost_at > self.reconnect_s:
                     raise ServerUnreachableError(
                         path=self.path,
@@ -368,9 +360,58 @@ class PostgresStore:
                         f"{self.reconnect_s:g} s",
                         server_message=" ".join(str(exc).split()),
                     ) from None
-                unsure = unsure or (write and sent_commit)
+                unsure = unsure or (write and attempt.sent_commit)
                 time.sleep(delay_s)
                 delay_s = min(1.0, delay_s * 2)
+                continue
+            if lost_at is not None:  # said only once a call has gone through again
+                logger.warning(
+                    "durabl: reconnected to %s after %.1f s", self.path, time.monotonic() - lost_at
+                )
+            return value
+
+    def _once(
+        self,
+        conn: psycopg.Connection[Any],
+        work: Callable[[psycopg.Connection[Any]], T],
+        attempt: _Attempt,
+        write: bool,
+        durable: bool,
+        snapshot: bool,
+        pipelined: bool,
+        landed: Callable[[psycopg.Connection[Any]], tuple[bool, T]] | None,
+    ) -> T:
+        """One try of ``_do`` on ``conn``; ``landed`` is given when an earlier try's COMMIT
+        went unanswered."""
+        if landed is not None:
+            done, answer = landed(conn)
+            if done:
+                return answer
+        if not (write or snapshot):  # one statement: its own transaction
+            return work(conn)
+        quiet = write and durable is False and self.durability == "full"
+        if pipelined:
+            attempt.sent_commit = True  # it goes out with the rest: from here, unsure
+            with conn.pipeline():
+                conn.execute("BEGIN")
+                if quiet:
+                    conn.execute("SET LOCAL synchronous_commit TO off")
+                value = work(conn)
+                conn.execute("COMMIT")
+            return value
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY" if snapshot else "BEGIN")
+        try:
+            if quiet:
+                conn.execute("SET LOCAL synchronous_commit TO off")
+            value = work(conn)
+        except BaseException:
+            if not conn.broken:
+                with suppress(psycopg.Error):  # the error in hand is the one to tell
+                    conn.execute("ROLLBACK")
+            raise
+        attempt.sent_commit = True
+        conn.execute("COMMIT")
+        return value
 
     # -- the Store interface ---------------------------------------------------------------
 
@@ -546,7 +587,15 @@ class PostgresStore:
         taking = parameters_of(lease, run_id=run_id, lease_token=seen_token)
 
         def work(conn: psycopg.Connection[Any]) -> int | None:
-            changed = conn.execute(PQ["take_lease"], taking).rowcount
+            # The run's row may be locked by an owner frozen inside its commit (SIGSTOP, a VM
+            # paused, a host cut off after BEGIN). Waiting for it would stall this thread for
+            # as long as the freeze lasts; a takeover that cannot have the row now is one that
+            # another process is in the way of, which the caller handles as such.
+            conn.execute(f"SET LOCAL lock_timeout = '{TAKEOVER_WAIT_MS}ms'")
+            try:
+                changed = conn.execute(PQ["take_lease"], taking).rowcount
+            except psycopg.errors.LockNotAvailable:
+                return None
             return seen_token + 1 if changed == 1 else None
 
         def landed(conn: psycopg.Connection[Any]) -> tuple[bool, int | None]:
@@ -644,8 +693,11 @@ class PostgresStore:
         return watermark, text, self._verified(run_id, rows)
 
     def reclaim(self) -> tuple[int, int]:
-        """PostgreSQL's own VACUUM of the tables compaction deletes from; the sizes are the
-        durabl schema's tables, indexes included."""
+        """Rewrite the tables compaction deletes from (``VACUUM FULL``), which hands their
+        free space back to the file system; the sizes are the durabl schema's tables, indexes
+        included. A plain VACUUM cannot: compaction frees the oldest rows and keeps the newest
+        at the end of the table, so nothing is left to cut off. The rewrite locks each table
+        while it runs, as SQLite's VACUUM does the file."""
         size = (
             "SELECT COALESCE(SUM(pg_total_relation_size(format('durabl.%I', tablename))), 0) "
             "FROM pg_tables WHERE schemaname = 'durabl'"
@@ -658,8 +710,8 @@ class PostgresStore:
         before = self._do(measure)
         try:
             with self._pool.connection() as conn:  # VACUUM cannot run inside a transaction
-                conn.execute("VACUUM durabl.events")
-                conn.execute("VACUUM durabl.snapshots")
+                conn.execute("VACUUM (FULL) durabl.events")
+                conn.execute("VACUUM (FULL) durabl.snapshots")
         except psycopg.Error as exc:
             raise self._error(exc) from None
         return before, self._do(measure)

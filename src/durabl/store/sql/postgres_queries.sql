@@ -18,12 +18,14 @@ SELECT run_id, workflow, input AS input_text, status, result AS result_text, err
 FROM durabl.runs WHERE run_id = %(run_id)s;
 
 -- name: list_runs
+-- Ties in created_s are ordered by run id byte for byte (COLLATE "C"), as SQLite orders them,
+-- whatever the database's collation.
 SELECT run_id, workflow, input AS input_text, status, result AS result_text, error, created_s,
        updated_s, wake_at_s, watermark, lease_owner AS owner, lease_pid AS pid,
        lease_host AS host, lease_started AS started, lease_expires_s AS expires_s, lease_token
 FROM durabl.runs
 WHERE (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
-ORDER BY created_s DESC, run_id DESC
+ORDER BY created_s DESC, run_id COLLATE "C" DESC
 LIMIT %(limit)s::bigint;
 
 -- name: list_runs_by_status
@@ -33,7 +35,7 @@ SELECT run_id, workflow, input AS input_text, status, result AS result_text, err
 FROM durabl.runs
 WHERE status = ANY(%(statuses)s::text[])
   AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
-ORDER BY created_s DESC, run_id DESC
+ORDER BY created_s DESC, run_id COLLATE "C" DESC
 LIMIT %(limit)s::bigint;
 
 -- name: insert_events_head
