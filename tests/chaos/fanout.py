@@ -102,7 +102,9 @@ def _start(sel: selectors.BaseSelector, jobs: Sequence[Any], work: Callable[[Any
     return pid
 
 
-def _worker(orders_fd: int, results_fd: int, jobs: Sequence[Any], work: Callable[[Any], Any]) -> None:
+def _worker(
+    orders_fd: int, results_fd: int, jobs: Sequence[Any], work: Callable[[Any], Any]
+) -> None:
     code = 0
     try:
         with os.fdopen(orders_fd, encoding="utf-8") as orders, os.fdopen(results_fd, "wb") as out:

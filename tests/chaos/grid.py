@@ -5,7 +5,7 @@ A scenario is a workflow and a plan: the deaths its successive processes take (`
 a crash point and the occurrence of it, counted within that process). After the planned deaths
 a last process finishes the runs. Every death mode (``lives.MODES``) takes the same plans.
 
-Before anything resumes after a death, the crashed file is read read-only and checked: the log,
+Before anything resumes after a death, the crashed database is read read-only and checked: the log,
 the side effects and the key claims agree (no torn write), the log has no hole, no timer fired
 twice or early. After the last process, the same again, and: every timer fired exactly once; no
 idempotency key has two effects in the world's ledger; nothing was guessed (every AT_MOST_ONCE
@@ -22,6 +22,7 @@ death, second point) pair, with no reach cannot occur, and is counted as skipped
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -30,7 +31,8 @@ import shutil
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,7 @@ from chaos.fanout import fan_out, workers_available
 from chaos.lives import LIVES, Death, Live, SharedClock, live_in_process
 from durabl import Runtime, codec, crashpoints
 from oracles.support import (
+    Database,
     Snapshot,
     assert_log_and_effects_agree,
     assert_snapshot_gapless,
@@ -48,6 +51,15 @@ from oracles.support import (
 )
 
 Plan = tuple[Death, ...]
+Place = Callable[[Path], AbstractContextManager[Database]]
+"""Where a scenario's database lives, given the scenario's folder: the database, for as long
+as the scenario needs it."""
+
+
+@contextlib.contextmanager
+def file_in(folder: Path) -> Iterator[Database]:
+    """A SQLite file in the scenario's folder, removed with the folder."""
+    yield folder / "durabl.db"
 
 
 def describe(workflow: str, plan: Plan) -> str:
@@ -88,8 +100,7 @@ def final_state(snap: Snapshot, world: World) -> dict[str, Any]:
             "timers": sum(1 for e in snap.events[run_id] if e[1] == "TIMER_FIRED"),
         }
     effects = sorted(
-        _normalise(json.dumps(record, sort_keys=True), values)
-        for record in world.effects.records()
+        _normalise(json.dumps(record, sort_keys=True), values) for record in world.effects.records()
     )
     return {"runs": runs, "effects": effects}
 
@@ -102,7 +113,10 @@ def duplicate_effects(world: World) -> list[str]:
 
 def dead_lettered(snap: Snapshot) -> set[tuple[str, int]]:
     return {
-        (run_id, e[2]) for run_id, rows in snap.events.items() for e in rows if e[1] == "DEAD_LETTERED"
+        (run_id, e[2])
+        for run_id, rows in snap.events.items()
+        for e in rows
+        if e[1] == "DEAD_LETTERED"
     }
 
 
@@ -173,13 +187,14 @@ class Reference:
     reaches: dict[str, int]
 
 
-def reference(scratch: Path, spec: Spec) -> Reference:
+def reference(scratch: Path, spec: Spec, place: Place = file_in) -> Reference:
     folder = Path(tempfile.mkdtemp(prefix="reference-", dir=scratch))
     clock = SharedClock()
     try:
-        life = live_in_process(folder / "durabl.db", folder, spec, clock, None)
-        assert life.error is None, f"{spec.name} reference: {life.error}"
-        snap = Snapshot(folder / "durabl.db")
+        with place(folder) as db:
+            life = live_in_process(db, folder, spec, clock, None)
+            assert life.error is None, f"{spec.name} reference: {life.error}"
+            snap = Snapshot(db)
         world = World(folder)
         final = final_state(snap, world)
         assert all(run["status"] == "COMPLETED" for run in final["runs"].values()), final
@@ -193,13 +208,17 @@ def reference(scratch: Path, spec: Spec) -> Reference:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def run_scenario(scratch: Path, mode: str, spec: Spec, plan: Plan, ref: Reference) -> Verdict:
-    """Take the planned deaths in ``mode``, checking the crashed file after each, then finish the
-    runs in a last process and apply every oracle."""
+def run_scenario(
+    scratch: Path, mode: str, spec: Spec, plan: Plan, ref: Reference, place: Place = file_in
+) -> Verdict:
+    """Take the planned deaths in ``mode``, checking the crashed database after each, then
+    finish the runs in a last process and apply every oracle."""
     folder = Path(tempfile.mkdtemp(prefix="scenario-", dir=scratch))
     clock = SharedClock()
     try:
-        v = _scenario(folder, LIVES[mode], Verdict(spec.name, plan, mode), spec, clock, ref)
+        with place(folder) as db:
+            verdict = Verdict(spec.name, plan, mode)
+            v = _scenario(folder, db, LIVES[mode], verdict, spec, clock, ref)
         v.failures = [failure.replace(str(folder), "<scenario>") for failure in v.failures]
         return v
     finally:
@@ -208,9 +227,14 @@ def run_scenario(scratch: Path, mode: str, spec: Spec, plan: Plan, ref: Referenc
 
 
 def _scenario(
-    folder: Path, live: Live, v: Verdict, spec: Spec, clock: SharedClock, ref: Reference
+    folder: Path,
+    db: Database,
+    live: Live,
+    v: Verdict,
+    spec: Spec,
+    clock: SharedClock,
+    ref: Reference,
 ) -> Verdict:
-    db = folder / "durabl.db"
     in_window: dict[tuple[str, int], str] = {}
     for number, death in enumerate(v.plan, start=1):
         life = live(db, folder, spec, clock, death)
@@ -233,12 +257,13 @@ def _scenario(
         v.failures.append(f"recovery raised {last.error}")
         return v
     v.reaches = last.reaches
-    _final_checks(db, v, spec, clock, ref, in_window)
+    _final_checks(db, folder, v, spec, clock, ref, in_window)
     return v
 
 
 def _final_checks(
-    db: Path,
+    db: Database,
+    folder: Path,
     v: Verdict,
     spec: Spec,
     clock: SharedClock,
@@ -246,7 +271,7 @@ def _final_checks(
     in_window: dict[tuple[str, int], str],
 ) -> None:
     snap = Snapshot(db)
-    world = World(db.parent)
+    world = World(folder)
     v.final = final_state(snap, world)
     dupes = duplicate_effects(world)
     v.duplicates = len(dupes)
@@ -274,12 +299,14 @@ def _final_checks(
         v.failures.append(f"steps {unexplained} dead-lettered without an ambiguous death")
     if snap.claims:
         v.failures.append(f"key claims left open: {snap.claims}")
-    v.check("dry replay", _replays_alike, db, spec, clock, snap)
+    v.check("dry replay", _replays_alike, db, folder, spec, clock, snap)
 
 
-def _replays_alike(db: Path, spec: Spec, clock: SharedClock, snap: Snapshot) -> None:
+def _replays_alike(
+    db: Database, folder: Path, spec: Spec, clock: SharedClock, snap: Snapshot
+) -> None:
     """Replaying each finished run gives its recorded result and calls nothing."""
-    world = World(db.parent)
+    world = World(folder)
     with Runtime(db, llm=world.llm, tools=world.tools(), clock=clock, workflows=WORKFLOWS) as rt:
         for run_id, _ in spec.runs:
             state = rt.replay(run_id)

@@ -33,7 +33,7 @@ from durabl.crashpoints import CrashAt, ProcessDeath
 from durabl.errors import InvalidStateError
 from durabl.runtime import DeadLetter
 from durabl.steps import derived_key
-from oracles.support import START_S, Clock
+from oracles.support import START_S, Clock, Database
 
 MODES = ("in-process", "sigkill")
 JUMPS_S = (7.0, 45.0, 600.0, 3600.0)
@@ -79,7 +79,7 @@ class SharedClock(Clock):
 # -- what every process does -------------------------------------------------------------------
 
 
-def boot(db: Path, root: Path, spec: Spec, clock: Clock) -> None:
+def boot(db: Database, root: Path, spec: Spec, clock: Clock) -> None:
     """What an agent process does when it starts, until its runs are at rest (or it dies)."""
     world = World(root)
     rt = Runtime(
@@ -156,13 +156,15 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}"
 
 
-Live = Callable[[Path, Path, Spec, Clock, "Death | None"], Life]
+Live = Callable[[Database, Path, Spec, Clock, "Death | None"], Life]
 
 
 # -- mode (a): in-process ----------------------------------------------------------------------
 
 
-def live_in_process(db: Path, root: Path, spec: Spec, clock: Clock, death: Death | None) -> Life:
+def live_in_process(
+    db: Database, root: Path, spec: Spec, clock: Clock, death: Death | None
+) -> Life:
     """The death is a ``ProcessDeath`` raised at the planned reach."""
     reaches = Reaches()
     remove = crashpoints.install(reaches)
@@ -206,7 +208,7 @@ class Arrival:
             os._exit(3)
 
 
-def live_in_child(db: Path, root: Path, spec: Spec, clock: Clock, death: Death | None) -> Life:
+def live_in_child(db: Database, root: Path, spec: Spec, clock: Clock, death: Death | None) -> Life:
     """The process is a forked child; the death is the parent's SIGKILL."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
@@ -233,7 +235,7 @@ def live_in_child(db: Path, root: Path, spec: Spec, clock: Clock, death: Death |
 
 
 def _child(
-    write_fd: int, db: Path, root: Path, spec: Spec, clock: Clock, death: Death | None
+    write_fd: int, db: Database, root: Path, spec: Spec, clock: Clock, death: Death | None
 ) -> None:
     code = 0
     try:

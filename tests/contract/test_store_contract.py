@@ -137,7 +137,9 @@ class _DiesWhenDumped(str):
 
 
 class _DyingDumper(Dumper):
-    oid = psycopg.adapters.types["text"].oid
+    # No oid: a dumper with one is also registered by it, and would then dump every text of a
+    # binary COPY (``durabl migrate``) in this process.
+    oid = 0
 
     def dump(self, obj: object) -> bytes:
         raise ProcessDeath("mid-transaction")
@@ -155,7 +157,7 @@ psycopg.adapters.register_dumper(_DiesWhenDumped, _DyingBinaryDumper)
 
 def _postgres(durability: str) -> Backend:
     def open_(directory: Path) -> Store:
-        return PostgresStore(pg_support.create_database(), durability=durability)
+        return PostgresStore(pg_support.new_database(), durability=durability)
 
     def reopen(store: Store) -> Store:
         store.close()
@@ -287,10 +289,10 @@ def backend(request: pytest.FixtureRequest) -> Backend:
 
 @pytest.fixture(autouse=True)
 def _postgres_databases() -> Iterator[None]:
-    """Drop the PostgreSQL databases a test made, once its stores are closed (an autouse
+    """Take back the PostgreSQL databases a test used, once its stores are closed (an autouse
     fixture is torn down after the fixtures the test asked for)."""
     yield
-    pg_support.drop_all()
+    pg_support.release_all()
 
 
 @pytest.fixture
@@ -524,6 +526,31 @@ class TestStoreContract:
         assert state_of(store, "run-1", keys) == before
         store.commit(Commit("run-1", [event(2), event(3)], status=events.SLEEPING))
         assert [e.seq for e in store.load_log("run-1")] == [1, 2, 3]
+
+    def test_a_death_while_the_side_effect_is_written_leaves_nothing_behind(
+        self, store: Store, backend: Backend
+    ) -> None:
+        """The side effect is written after the events: a death there has them written in
+        the transaction already, and must take them with it."""
+        new_run(store)
+        keys = ("k-1",)
+        before = state_of(store, "run-1", keys)
+        dying = replace(effect("k-1"), result_text=backend.dying_text('"sent"'))
+        with pytest.raises(ProcessDeath):
+            store.commit(
+                Commit(
+                    "run-1",
+                    [event(2), event(3, events.STEP_COMPLETED)],
+                    status=events.COMPLETED,
+                    wake_at_s=T0_S,
+                    side_effect=dying,
+                    claim=claim("k-1"),
+                    durable=True,
+                )
+            )
+        assert state_of(store, "run-1", keys) == before
+        store.commit(Commit("run-1", [event(2)], side_effect=effect("k-1")))
+        assert store.side_effect("k-1") == effect("k-1")
 
     def test_a_second_handle_with_a_stale_view_cannot_fork_the_log(
         self, store: Store, backend: Backend, opened: list[Store]
@@ -1300,3 +1327,326 @@ class TestSQLiteFile:
         with contextlib.closing(SQLiteStore(path)) as store:
             assert store.load_history("run-1") == (299, SNAPSHOT, store.load_log("run-1"))
             assert [e.seq for e in store.load_log("run-1")] == [300]
+
+
+# -- PostgreSQL databases --------------------------------------------------------------------
+
+
+def _pg_rows(url: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    with pg_support.connect(url) as conn:
+        return [tuple(row) for row in conn.execute(sql, params).fetchall()]
+
+
+def _pg_schema(url: str) -> list[tuple[str, str, str]]:
+    """Every table, index, function and trigger of the ``durabl`` schema."""
+    return _pg_rows(
+        url,
+        "WITH durabl AS (SELECT oid FROM pg_namespace WHERE nspname = 'durabl') "
+        "SELECT 'relation', relname, relkind::text FROM pg_class "
+        "WHERE relnamespace IN (SELECT oid FROM durabl) "
+        "UNION ALL SELECT 'function', proname, '' FROM pg_proc "
+        "WHERE pronamespace IN (SELECT oid FROM durabl) "
+        "UNION ALL SELECT 'trigger', tgname, tgrelid::regclass::text FROM pg_trigger "
+        "WHERE NOT tgisinternal AND tgrelid::regclass::text LIKE 'durabl.%%' ORDER BY 1, 2",
+    )
+
+
+def _pg_meta(url: str) -> list[tuple[Any, ...]]:
+    return _pg_rows(url, "SELECT application, schema_version, migrated_at, xmin::text FROM meta")
+
+
+def _pg_durabl_database(url: str, events_count: int = 2) -> None:
+    """A durabl database holding one run with ``events_count`` events and a side effect."""
+    with contextlib.closing(PostgresStore(url)) as store:
+        new_run(store)
+        appended = [event(seq) for seq in range(2, events_count + 1)]
+        store.commit(Commit("run-1", appended, side_effect=effect("k-1")))
+
+
+def _pg_contents(url: str) -> tuple[Any, ...]:
+    """Every row of durabl's tables."""
+    return tuple(
+        _pg_rows(url, f"SELECT * FROM durabl.{table} ORDER BY 1, 2")
+        for table in ("runs", "events", "side_effects", "key_claims", "snapshots")
+    )
+
+
+def _refusal(url: str, exc: psycopg.Error) -> DurablError:
+    """What the store makes of the server's refusal: the error its callers would see."""
+    with contextlib.closing(PostgresStore(url)) as store:
+        return store._error(exc)
+
+
+FORGED = "INSERT INTO events (run_id, seq, kind, step, fp, data, at_s, crc, fence) VALUES "
+
+
+@pytest.fixture
+def pg_url(postgres_db: Callable[[], str]) -> str:
+    return postgres_db()
+
+
+class TestPostgresDatabase:
+    @pytest.mark.parametrize(
+        ("statement", "sqlstate", "refused_as"),
+        [
+            (
+                FORGED + "('run-1', 4, 'STEP_STARTED', 1, NULL, NULL, 0, 0, NULL)",
+                "DB002",
+                LogGapError,
+            ),
+            (
+                FORGED + "('run-1', 2, 'STEP_STARTED', 1, NULL, NULL, 0, 0, NULL)",
+                "DB002",
+                LogGapError,
+            ),
+            (
+                FORGED + "('nope', 1, 'RUN_STARTED', 0, NULL, NULL, 0, 0, NULL)",
+                "DB002",
+                LogGapError,
+            ),
+            (FORGED + "('run-1', 3, 'STEP_STARTED', 1, NULL, NULL, 0, 0, 7)", "DB001", LeaseLost),
+            ("UPDATE events SET data = '\"forged\"' WHERE seq = 2", "DB003", HistoryRewriteError),
+            ("UPDATE events SET seq = seq + 100", "DB003", HistoryRewriteError),
+            ("DELETE FROM events WHERE seq = 2", "DB003", HistoryRewriteError),
+            ("DELETE FROM events", "DB003", HistoryRewriteError),
+            ("TRUNCATE events", "DB003", HistoryRewriteError),
+            ("UPDATE side_effects SET result = '\"forged\"'", "DB003", HistoryRewriteError),
+            ("DELETE FROM side_effects", "DB003", HistoryRewriteError),
+            ("TRUNCATE side_effects", "DB003", HistoryRewriteError),
+        ],
+        ids=[
+            "gap",
+            "duplicate",
+            "no-such-run",
+            "stale-fence",
+            "update-event",
+            "renumber-events",
+            "delete-event",
+            "delete-log",
+            "truncate-events",
+            "update-effect",
+            "delete-effect",
+            "truncate-effects",
+        ],
+    )
+    def test_the_database_itself_guards_the_log_against_any_writer(
+        self, pg_url: str, statement: str, sqlstate: str, refused_as: type[DurablError]
+    ) -> None:
+        _pg_durabl_database(pg_url)
+        before = _pg_contents(pg_url)
+        with pg_support.connect(pg_url) as conn, pytest.raises(psycopg.Error) as caught:
+            conn.execute(statement)
+        assert caught.value.sqlstate == sqlstate, caught.value
+        assert isinstance(_refusal(pg_url, caught.value), refused_as)
+        assert _pg_contents(pg_url) == before
+        with contextlib.closing(PostgresStore(pg_url)) as store:
+            assert [e.seq for e in store.load_log("run-1")] == [1, 2]
+            assert store.side_effect("k-1") == effect("k-1")
+
+    def test_the_store_reports_each_refusal_as_its_own_error(self, pg_url: str) -> None:
+        _pg_durabl_database(pg_url)
+        with contextlib.closing(PostgresStore(pg_url)) as store:
+            token = store.take_lease("run-1", 0, lease("me"))
+            assert token == 1
+            before = state_of(store, "run-1", ("k-1", "k-2"))
+            refusals: list[tuple[Commit, type[DurablError]]] = [
+                (Commit("run-1", [event(4)], fence=token), LogGapError),
+                (Commit("run-1", [event(2)], fence=token), LogGapError),
+                (Commit("run-1", [event(3)], fence=token - 1), LeaseLost),
+                (Commit("run-1", [], status=events.FAILED, fence=token + 1), LeaseLost),
+                (Commit("run-1", [event(3)], side_effect=effect("k-1")), SideEffectExistsError),
+            ]
+            for commit, refused_as in refusals:
+                with pytest.raises(refused_as):
+                    store.commit(replace(commit, claim=claim("k-2"), status=events.FAILED))
+                assert state_of(store, "run-1", ("k-1", "k-2")) == before
+            store.commit(Commit("run-1", [event(3)], fence=token))
+            assert [e.seq for e in store.load_log("run-1")] == [1, 2, 3]
+
+    @pytest.mark.parametrize(
+        ("statement", "sqlstate"),
+        [
+            ("UPDATE runs SET watermark = 2 WHERE run_id = 'run-1'", "DB004"),
+            ("UPDATE runs SET watermark = 0 WHERE run_id = 'run-1'", "DB004"),
+            ("DELETE FROM events WHERE run_id = 'run-1' AND seq = 4", "DB003"),
+            (FORGED + "('run-1', 3, 'STEP_STARTED', 1, NULL, NULL, 0, 0, NULL)", "DB002"),
+            (FORGED + "('run-1', 6, 'STEP_STARTED', 1, NULL, NULL, 0, 0, NULL)", "DB002"),
+        ],
+        ids=["watermark-back", "watermark-to-zero", "delete-kept", "refill-folded", "gap"],
+    )
+    def test_the_database_itself_guards_a_compacted_log(
+        self, pg_url: str, statement: str, sqlstate: str
+    ) -> None:
+        with contextlib.closing(PostgresStore(pg_url)) as store:
+            new_run(store)
+            store.commit(Commit("run-1", [event(2), event(3), event(4)]))
+            store.compact("run-1", 3, SNAPSHOT, 0)
+        with pg_support.connect(pg_url) as conn, pytest.raises(psycopg.Error) as caught:
+            conn.execute(statement)
+        assert caught.value.sqlstate == sqlstate, caught.value
+        assert isinstance(_refusal(pg_url, caught.value), (HistoryRewriteError, LogGapError))
+        with contextlib.closing(PostgresStore(pg_url)) as store:
+            assert store.load_history("run-1") == (3, SNAPSHOT, [event(4)])
+
+    # -- the schema and its versions ---------------------------------------------------------
+
+    def test_a_new_database_gets_the_durabl_schema_and_its_version(self, pg_url: str) -> None:
+        PostgresStore(pg_url).close()
+        [(application, version, _at, _xmin)] = _pg_meta(pg_url)
+        assert (application, version) == ("durabl", pg.SCHEMA_VERSION)
+        tables = [name for kind, name, rel in _pg_schema(pg_url) if rel == "r"]
+        assert sorted(tables) == sorted(pg.DURABL_TABLES)
+        assert _pg_rows(pg_url, "SELECT tablename FROM pg_tables WHERE schemaname = 'public'") == []
+
+    def test_reopening_keeps_the_data_and_does_not_migrate_again(self, pg_url: str) -> None:
+        _pg_durabl_database(pg_url, events_count=3)
+        schema, meta = _pg_schema(pg_url), _pg_meta(pg_url)
+        for _ in range(3):
+            with contextlib.closing(PostgresStore(pg_url)) as store:
+                assert [e.seq for e in store.load_log("run-1")] == [1, 2, 3]
+        assert (_pg_schema(pg_url), _pg_meta(pg_url)) == (schema, meta)
+
+    def test_stores_opening_a_new_database_at_once_migrate_it_once(self, pg_url: str) -> None:
+        """Workers on several hosts often start together against a database nobody has used:
+        one of them migrates it, the others wait for it and find it done."""
+        count = 8
+        start = threading.Barrier(count)
+        stores: list[Store] = []
+        errors: list[BaseException] = []
+
+        def open_() -> None:
+            try:
+                start.wait()
+                stores.append(PostgresStore(pg_url))
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=open_) for _ in range(count)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        try:
+            assert errors == []
+            assert len(stores) == count
+            [(_, version, _at, meta_xmin)] = _pg_meta(pg_url)
+            assert version == pg.SCHEMA_VERSION
+            [(tables_xmin,)] = _pg_rows(
+                pg_url, "SELECT xmin::text FROM pg_class WHERE oid = 'durabl.events'::regclass"
+            )
+            assert meta_xmin == tables_xmin, "the meta row was written again after the migration"
+            new_run(stores[0])
+            assert [e.seq for e in stores[-1].load_log("run-1")] == [1]
+        finally:
+            for store in stores:
+                store.close()
+
+    def test_a_database_from_a_newer_durabl_is_refused_naming_both_versions(
+        self, pg_url: str
+    ) -> None:
+        _pg_durabl_database(pg_url)
+        newer = pg.SCHEMA_VERSION + 1
+        with pg_support.connect(pg_url) as conn:
+            conn.execute("UPDATE meta SET schema_version = %s", (newer,))
+        before = (_pg_schema(pg_url), _pg_meta(pg_url), _pg_contents(pg_url))
+        for read_only in (False, True):
+            with pytest.raises(SchemaVersionError) as caught:
+                PostgresStore(pg_url, read_only=read_only)
+            text = str(caught.value)
+            assert f"v{newer}," in text and f"v{pg.SCHEMA_VERSION}." in text
+            assert "newer" in text and pg_support.name_of(pg_url) in text
+        assert (_pg_schema(pg_url), _pg_meta(pg_url), _pg_contents(pg_url)) == before
+
+    @pytest.mark.parametrize(
+        "setup",
+        [
+            ["CREATE TABLE durabl.invoices (id SERIAL PRIMARY KEY, total NUMERIC)"],
+            ["CREATE TABLE durabl.runs (id SERIAL PRIMARY KEY, distance_km REAL)"],
+            [
+                "CREATE TABLE durabl.meta (application TEXT, schema_version INTEGER)",
+                "INSERT INTO durabl.meta VALUES ('billing', 1)",
+            ],
+        ],
+        ids=["other-tables", "a-table-named-like-durabls", "another-apps-meta"],
+    )
+    def test_another_applications_durabl_schema_is_refused_and_left_untouched(
+        self, pg_url: str, setup: list[str]
+    ) -> None:
+        with pg_support.connect(pg_url) as conn:
+            conn.execute("CREATE SCHEMA durabl")
+            for statement in setup:
+                conn.execute(statement)
+        before = _pg_schema(pg_url)
+        for read_only in (False, True):
+            with pytest.raises(ForeignSchemaError) as caught:
+                PostgresStore(pg_url, read_only=read_only)
+            assert "not durabl's" in str(caught.value)
+            assert "\n" not in str(caught.value)
+        assert _pg_schema(pg_url) == before
+
+    def test_a_foreign_table_beside_durabls_own_is_refused(self, pg_url: str) -> None:
+        _pg_durabl_database(pg_url)
+        with pg_support.connect(pg_url) as conn:
+            conn.execute("CREATE TABLE durabl.invoices (id SERIAL PRIMARY KEY)")
+        before = (_pg_schema(pg_url), _pg_contents(pg_url))
+        with pytest.raises(ForeignSchemaError, match="invoices"):
+            PostgresStore(pg_url)
+        assert (_pg_schema(pg_url), _pg_contents(pg_url)) == before
+
+    def test_the_applications_own_tables_in_other_schemas_are_left_alone(self, pg_url: str) -> None:
+        """durabl shares a database with the application: tables of the same names as its own,
+        in ``public`` or another schema, are the application's, and durabl never reads them."""
+        app_tables = {
+            "public.runs": "(run_id TEXT PRIMARY KEY, miles REAL)",
+            "public.events": "(id SERIAL PRIMARY KEY, title TEXT)",
+            "public.invoices": "(id SERIAL PRIMARY KEY, total NUMERIC)",
+            "billing.meta": "(application TEXT, schema_version INTEGER)",
+        }
+        with pg_support.connect(pg_url) as conn:
+            conn.execute("CREATE SCHEMA billing")
+            for table, columns in app_tables.items():
+                conn.execute(f"CREATE TABLE {table} {columns}")
+            conn.execute("INSERT INTO public.runs VALUES ('run-1', 5.5)")
+            conn.execute("INSERT INTO public.events (title) VALUES ('launch')")
+            conn.execute("INSERT INTO billing.meta VALUES ('billing', 99)")
+
+        def app_rows() -> list[list[tuple[Any, ...]]]:
+            return [_pg_rows(pg_url, f"SELECT * FROM {table} ORDER BY 1") for table in app_tables]
+
+        before = app_rows()
+        with contextlib.closing(PostgresStore(pg_url)) as store:
+            new_run(store)
+            store.commit(Commit("run-1", [event(2)], side_effect=effect("k-1")))
+            assert [e.seq for e in store.load_log("run-1")] == [1, 2]
+        with contextlib.closing(PostgresStore(pg_url, read_only=True)) as store:
+            assert row_of(store, "run-1").workflow == "research_agent"
+        assert app_rows() == before
+        assert [version for _, version, _, _ in _pg_meta(pg_url)] == [pg.SCHEMA_VERSION]
+
+    def test_an_empty_durabl_schema_is_taken_as_a_new_database(self, pg_url: str) -> None:
+        with pg_support.connect(pg_url) as conn:
+            conn.execute("CREATE SCHEMA durabl")
+        _pg_durabl_database(pg_url)
+        assert [version for _, version, _, _ in _pg_meta(pg_url)] == [pg.SCHEMA_VERSION]
+
+    # -- reading only ------------------------------------------------------------------------
+
+    def test_a_read_only_store_reads_and_refuses_to_write(self, pg_url: str) -> None:
+        _pg_durabl_database(pg_url)
+        before = _pg_contents(pg_url)
+        with contextlib.closing(PostgresStore(pg_url, read_only=True)) as reader:
+            assert [e.seq for e in reader.load_log("run-1")] == [1, 2]
+            with pytest.raises(StorageError, match="read-only"):
+                reader.commit(Commit("run-1", [event(3)], status=events.FAILED))
+            with pytest.raises(StorageError, match="read-only"):
+                reader.create_run(run_row("run-2"), run_started("run-2"))
+        assert _pg_contents(pg_url) == before
+
+    def test_a_read_only_store_needs_an_initialised_database(self, pg_url: str) -> None:
+        with pytest.raises(StorageError, match="not an initialised durabl database"):
+            PostgresStore(pg_url, read_only=True)
+        assert _pg_schema(pg_url) == []
+
+    def test_an_unknown_durability_is_refused_before_connecting(self) -> None:
+        with pytest.raises(ValueError, match="'full', 'process'"):
+            PostgresStore(f"{pg_support.SERVER}/no_such_database", durability="paranoid")

@@ -1,4 +1,9 @@
-"""Shared fixtures for the correctness oracles: a database file, an injected clock, the world."""
+"""Shared fixtures for the correctness oracles: a database on each backend, an injected clock,
+the world.
+
+Every oracle runs twice, on SQLite and on PostgreSQL (``backend``): each test asks for the
+databases it uses through ``databases`` (``db`` is its first one), never by building a path.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +13,27 @@ from typing import Any
 
 import pytest
 
+import pg_support
 from durabl import Runtime
 
-from .support import Clock, World
+from .support import BACKENDS, Clock, Database, Databases, World
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> Path:
-    return tmp_path / "durabl.db"
+def databases(backend: str, tmp_path: Path) -> Iterator[Databases]:
+    server = pg_support.Databases()
+    yield Databases(backend, tmp_path, server)
+    server.drop()
+
+
+@pytest.fixture
+def db(databases: Databases) -> Database:
+    return databases.new("durabl")
 
 
 @pytest.fixture
@@ -29,7 +47,7 @@ def world(tmp_path: Path) -> World:
 
 
 @pytest.fixture
-def runtime(db: Path, clock: Clock, world: World) -> Iterator[Callable[..., Runtime]]:
+def runtime(db: Database, clock: Clock, world: World) -> Iterator[Callable[..., Runtime]]:
     """Build a Runtime on the test's database, the way a (re)started process would.
 
     Keyword arguments override the defaults (the world's llm and tools, the test clock). Every

@@ -1,8 +1,11 @@
-"""Test doubles for the outside world, and read-only views of a durabl database file.
+"""Test doubles for the outside world, and read-only views of a durabl database.
 
 The only doubles are the things durabl talks to: the model and the tools. Everything durabl
-itself does is observed through its public API or by reading the SQLite file with ``sqlite3``,
-the way an operator (or a restarted process) would see it.
+itself does is observed through its public API or by reading the database with no durabl code in
+between, the way an operator (or a restarted process) would see it: a SQLite file with
+``sqlite3``, a PostgreSQL database with psycopg. Every oracle runs on both backends; ``db`` is a
+file's path for SQLite and a URL for PostgreSQL, and ``connect`` takes the same statements for
+both (SQLite's ``?`` and ``:name`` parameters, table names without their schema).
 """
 
 from __future__ import annotations
@@ -10,14 +13,23 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sqlite3
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
+import pg_support
 from durabl import RetryPolicy, RunState, Runtime, tool
 from durabl.crashpoints import CrashAt, ProcessDeath
+from durabl.store import is_postgres_url
+
+BACKENDS = ("sqlite", "postgres")
+Database = Path | str
+"""A SQLite file's path, or a PostgreSQL database's URL."""
 
 START_S = 1_700_000_000.0
 """Where every injected clock starts: a fixed instant, so deadlines are exact numbers."""
@@ -147,16 +159,85 @@ class World:
         return sum(self.calls.values())
 
 
-# -- reading the database file ---------------------------------------------------------------
+# -- reading the database ---------------------------------------------------------------------
+
+
+_QUOTED = re.compile(r"('(?:[^']|'')*')")
+
+
+def _psycopg_style(sql: str) -> str:
+    """``sql`` with SQLite's parameters (``?``, ``:name``) in psycopg's style, literal
+    percent signs doubled; quoted literals keep their question marks and colons."""
+    parts = _QUOTED.split(sql.replace("%", "%%"))
+    for i in range(0, len(parts), 2):
+        parts[i] = re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", parts[i]).replace("?", "%s")
+    return "".join(parts)
+
+
+class ServerConnection:
+    """A plain psycopg connection (autocommit, the ``durabl`` schema on the search path) that
+    takes the statements the oracles write for ``sqlite3``."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+
+    def execute(self, sql: str, params: Any = ()) -> psycopg.Cursor[Any]:
+        return self.conn.execute(_psycopg_style(sql), params)
+
+    def close(self) -> None:
+        self.conn.close()
 
 
 @contextlib.contextmanager
-def connect(db: Path | str) -> Iterator[sqlite3.Connection]:
+def connect(db: Database) -> Iterator[Any]:
+    """A connection to the database with no durabl code in between, in autocommit mode."""
+    if is_postgres_url(db):
+        with pg_support.connect(str(db)) as server:
+            yield ServerConnection(server)
+        return
     conn = sqlite3.connect(os.fspath(db), isolation_level=None)
     try:
         yield conn
     finally:
         conn.close()
+
+
+def open_connection(db: Database) -> Any:
+    """``connect``, to be closed by the caller."""
+    if is_postgres_url(db):
+        return ServerConnection(pg_support.open_connection(str(db)))
+    return sqlite3.connect(os.fspath(db), isolation_level=None)
+
+
+@contextlib.contextmanager
+def unguarded(db: Database, table: str) -> Iterator[Any]:
+    """A connection on which an UPDATE of ``table`` gets past durabl's triggers: damage that no
+    durabl code could do, as a failing disk or a bad restore would. On SQLite the triggers that
+    refuse it are dropped (from the copy a test damages); on PostgreSQL the table's triggers are
+    disabled for the block only."""
+    with connect(db) as conn:
+        if isinstance(conn, ServerConnection):
+            with pg_support.guards_off(conn.conn, table):
+                yield conn
+            return
+        found = conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = ? "
+            "AND sql LIKE '%BEFORE UPDATE%'",
+            (table,),
+        )
+        for (name,) in found.fetchall():
+            conn.execute(f"DROP TRIGGER {name}")
+        yield conn
+
+
+def refusal(db: Database) -> type[Exception]:
+    """What the database's own driver raises when a trigger or a constraint refuses a write."""
+    return psycopg.Error if is_postgres_url(db) else sqlite3.IntegrityError
+
+
+def _as_dicts(cursor: Any) -> list[dict[str, Any]]:
+    names = [column[0] for column in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
 def event_rows(db: Path | str, run_id: str | None = None) -> list[tuple[Any, ...]]:
@@ -190,18 +271,16 @@ def claim_rows(db: Path | str) -> list[tuple[Any, ...]]:
 
 def run_row(db: Path | str, run_id: str) -> dict[str, Any]:
     with connect(db) as conn:
-        conn.row_factory = sqlite3.Row
-        row = conn.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-    assert row is not None, f"no runs row for {run_id}"
-    return dict(row)
+        rows = _as_dicts(conn.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)))
+    assert rows, f"no runs row for {run_id}"
+    return rows[0]
 
 
 def snapshot_row(db: Path | str, run_id: str) -> dict[str, Any] | None:
     """The run's compaction snapshot row (watermark, body, crc), or None."""
     with connect(db) as conn:
-        conn.row_factory = sqlite3.Row
-        row = conn.execute("SELECT * FROM snapshots WHERE run_id = ?", (run_id,)).fetchone()
-    return None if row is None else dict(row)
+        rows = _as_dicts(conn.execute("SELECT * FROM snapshots WHERE run_id = ?", (run_id,)))
+    return rows[0] if rows else None
 
 
 def run_ids(db: Path | str) -> list[str]:
@@ -320,6 +399,7 @@ __all__ = [
     "drive_to_rest",
     "event_rows",
     "kinds",
+    "open_connection",
     "run_ids",
     "run_row",
     "side_effect_rows",
@@ -330,17 +410,30 @@ __all__ = [
 # -- read-only snapshots of a database, for the chaos grid -------------------------------------
 
 
+@contextlib.contextmanager
+def _read_only(db: Database) -> Iterator[Any]:
+    """A connection that cannot change what a death left behind. For SQLite the file is opened
+    with ``mode=ro``, so reading a crashed database neither checkpoints nor removes its
+    ``-wal``; for PostgreSQL the reads share one read-only snapshot."""
+    if is_postgres_url(db):
+        with connect(db) as conn:
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            yield conn
+            conn.execute("COMMIT")
+        return
+    uri = f"file:{os.path.abspath(os.fspath(db))}?mode=ro"
+    conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
 class Snapshot:
-    """One read-only look at a database file: what a restarted process would find.
+    """One read-only look at a database: what a restarted process would find."""
 
-    The connection is opened with ``mode=ro``, so reading a crashed database neither
-    checkpoints nor removes its ``-wal``: the files stay exactly as the death left them.
-    """
-
-    def __init__(self, db: Path | str) -> None:
-        uri = f"file:{os.path.abspath(os.fspath(db))}?mode=ro"
-        conn = sqlite3.connect(uri, uri=True, isolation_level=None)
-        try:
+    def __init__(self, db: Database) -> None:
+        with _read_only(db) as conn:
             rows = conn.execute(
                 "SELECT run_id, seq, kind, step, fp, data, at_s FROM events ORDER BY run_id, seq"
             ).fetchall()
@@ -360,8 +453,6 @@ class Snapshot:
                     "SELECT run_id, status, result, error, wake_at_s FROM runs ORDER BY run_id"
                 )
             }
-        finally:
-            conn.close()
         self.events: dict[str, list[tuple[Any, ...]]] = {run_id: [] for run_id in self.runs}
         for run_id, *event in rows:
             self.events.setdefault(run_id, []).append(tuple(event))
@@ -507,9 +598,52 @@ __all__ += [
 # -- copies of a database, and compacted logs ---------------------------------------------------
 
 
+class Databases:
+    """The fresh databases one test makes, on the backend it runs on: files under its
+    ``tmp_path`` for SQLite, databases of their own on the server for PostgreSQL (dropped when
+    the test ends). ``name`` tells a test's SQLite files apart; PostgreSQL names its own."""
+
+    def __init__(self, backend: str, root: Path, server: pg_support.Databases) -> None:
+        assert backend in BACKENDS, backend
+        self.backend, self.root, self.server = backend, root, server
+
+    def new(self, name: str = "durabl") -> Database:
+        if self.backend == "postgres":
+            return self.server.new()
+        path = self.root / f"{name}.db"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        assert not path.exists(), f"{path} already exists"
+        return path
+
+    def copy(self, src: Database, name: str) -> Database:
+        """A copy of ``src``, a database nobody is using (a backup taken between processes)."""
+        if self.backend == "postgres":
+            return self.server.copy(str(src))
+        dst = self.root / f"{name}.db"
+        copy_database(src, dst)
+        return dst
+
+    def backup(self, db: Database, name: str) -> Any:
+        """A backup of ``db``, a database nobody is using, for ``restore``: a copy of the file
+        for SQLite, every row of durabl's tables for PostgreSQL."""
+        if self.backend == "postgres":
+            return pg_support.backup_rows(str(db))
+        return self.copy(db, name)
+
+    def restore(self, db: Database, backup: Any) -> None:
+        """Make ``db`` hold what it held when ``backup`` was taken, under the same name."""
+        if self.backend == "postgres":
+            pg_support.restore_rows(str(db), backup)
+            return
+        for leftover in ("", "-wal", "-shm"):
+            Path(f"{db}{leftover}").unlink(missing_ok=True)
+        copy_database(backup, db)
+
+
 def copy_database(src: Path | str, dst: Path | str) -> None:
-    """Copy a database whose every connection is closed, its ``-wal`` too if one is left: the
-    copy is the same database, byte for byte, as a backup taken between processes would be."""
+    """Copy a SQLite database whose every connection is closed, its ``-wal`` too if one is
+    left: the copy is the same database, byte for byte, as a backup taken between processes
+    would be."""
     src, dst = os.fspath(src), os.fspath(dst)
     assert not os.path.exists(dst), f"{dst} already exists"
     with open(src, "rb") as source, open(dst, "wb") as target:
@@ -553,8 +687,14 @@ def assert_gapless_after_watermark(db: Path | str) -> None:
 
 
 __all__ += [
+    "BACKENDS",
+    "Database",
+    "Databases",
+    "ServerConnection",
     "assert_gapless_after_watermark",
     "copy_database",
     "fork_world",
+    "refusal",
+    "unguarded",
     "watermark",
 ]

@@ -3,22 +3,24 @@
 ``Runtime.compact`` folds the resolved prefix of a run's log into a checksummed snapshot and
 deletes the events it stands in for. Nothing anyone can observe may change because of it.
 
-Each twin test keeps two copies of one database, taken (files copied between processes) when a
-run has reached some state: asleep, in a retry's backoff, interrupted in the middle of a step,
-dead-lettered, held on changed code, failed, finished. One copy is compacted, with several
-``keep_last`` values, at the split and again after every later operation; the other never is.
-Both are then driven by the same script of resumes, ticks, deaths at crash points and operator
-actions, each copy with its own world (the model and the tools) and its own clock set to the same
-time. After every operation the two must agree on what the operation returned, the run's state,
-a dry replay, the metrics, the run's row, every event after the compacted copy's watermark (byte
-for byte, process identities aside), the side_effects table, the key claims, the world's outbox
-and every call the world received. A changed workflow must raise the same ``NonDeterminismError``
-on both, also at a step folded into the snapshot.
+Each twin test keeps two copies of one database, taken between processes (the files copied, or the
+server's rows into a database of their own) when a run has reached some state: asleep, in a retry's
+backoff, interrupted in the middle of a step, dead-lettered, held on changed code, failed, finished.
+One copy is compacted, with several ``keep_last`` values, at the split and again after every later
+operation; the other never is. Both are then driven by the same script of resumes, ticks, deaths at
+crash points and operator actions, each copy with its own world (the model and the tools) and its
+own clock set to the same time. After every operation the two must agree on what the operation
+returned, the run's state, a dry replay, the metrics, the run's row, every event after the compacted
+copy's watermark (byte for byte, process identities aside), the side_effects table, the key claims,
+the world's outbox and every call the world received. A changed workflow must raise the same
+``NonDeterminismError`` on both, also at a step folded into the snapshot.
 
 Then: the database's own guards still hold after compaction, a run another live runtime drives
 is not compacted, a death anywhere inside a compaction leaves the old state or the new one and
-never a mix, a long run's file shrinks (in a new file and in one made without auto_vacuum), and a
-damaged snapshot is a loud ``StorageError``.
+never a mix, compaction gives the space back (and, on SQLite only, a long run's file shrinks,
+in a new file and in one made without auto_vacuum), and a damaged snapshot is a loud
+``StorageError``. Every test runs on SQLite and on PostgreSQL, but for the one about SQLite's
+file layout.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ import dataclasses
 import inspect
 import json
 import os
-import sqlite3
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -59,12 +60,15 @@ from durabl.metrics import MetricsFold
 from durabl.replay import History
 from durabl.runtime import RunCompaction
 from durabl.steps import CtxValue, describe_canonical
-from durabl.store import SQLiteStore
+from durabl.store import SQLiteStore, open_store
 from durabl.store.base import Lease
+from durabl.store.postgres import PostgresStore
 
 from .support import (
     START_S,
     Clock,
+    Database,
+    Databases,
     World,
     assert_effects_match_log,
     assert_gapless_after_watermark,
@@ -74,6 +78,7 @@ from .support import (
     crash,
     event_rows,
     fork_world,
+    refusal,
     run_row,
     side_effect_rows,
     snapshot_row,
@@ -218,6 +223,7 @@ class Copy:
     def __init__(
         self,
         root: Path,
+        db: Database,
         workflows: dict[str, Any],
         *,
         world: World | None = None,
@@ -226,7 +232,7 @@ class Copy:
     ) -> None:
         root.mkdir(exist_ok=True)
         self.root = root
-        self.db = root / "durabl.db"
+        self.db = db
         self.world = world if world is not None else World(root)
         self.clock = Clock(clock_s)
         self.workflows = workflows
@@ -247,17 +253,17 @@ class Copy:
         return rt
 
     def restart(self, **overrides: Any) -> None:
-        """The process exits (or died: its file handles go) and a new one opens the file."""
+        """The process exits (or died: its connections go) and a new one opens the database."""
         self.rt.close()
         self.rt = self.boot(**overrides)
 
-    def fork(self, root: Path) -> Copy:
-        """Stop this copy's process, copy its files, and start a process on each copy."""
+    def fork(self, root: Path, databases: Databases) -> Copy:
+        """Stop this copy's process, copy its database, and start a process on each copy."""
         self.rt.close()
         root.mkdir()
-        copy_database(self.db, root / "durabl.db")
         twin = Copy(
             root,
+            databases.copy(self.db, f"{root.name}/durabl"),
             self.workflows,
             world=fork_world(self.world, root),
             clock_s=self.clock.now_s,
@@ -274,23 +280,33 @@ class Copy:
             rt.close()
 
 
+@dataclasses.dataclass
+class Copies:
+    """The copies a test made, on its backend's databases; all closed at the end."""
+
+    root: Path
+    databases: Databases
+    made: list[Copy] = dataclasses.field(default_factory=list)
+
+
 @pytest.fixture
-def copies() -> Iterator[list[Copy]]:
-    made: list[Copy] = []
+def copies(tmp_path: Path, databases: Databases) -> Iterator[Copies]:
+    made = Copies(tmp_path, databases)
     yield made
-    for copy in made:
+    for copy in made.made:
         copy.close()
 
 
-def origin(tmp_path: Path, copies: list[Copy]) -> Copy:
-    copy = Copy(tmp_path / "plain", {NAME: errand, "doomed": doomed})
-    copies.append(copy)
+def origin(copies: Copies) -> Copy:
+    db = copies.databases.new("plain/durabl")
+    copy = Copy(copies.root / "plain", db, {NAME: errand, "doomed": doomed})
+    copies.made.append(copy)
     return copy
 
 
-def split(plain: Copy, copies: list[Copy]) -> Copy:
-    compacted = plain.fork(plain.root.parent / "compacted")
-    copies.append(compacted)
+def split(plain: Copy, copies: Copies) -> Copy:
+    compacted = plain.fork(copies.root / "compacted", copies.databases)
+    copies.made.append(compacted)
     return compacted
 
 
@@ -323,7 +339,7 @@ def outcome(action: Callable[..., Any], *args: Any) -> Any:
         return (type(exc).__name__, str(exc))
 
 
-def unleased(db: Path) -> dict[str, Any]:
+def unleased(db: Database) -> dict[str, Any]:
     """The run's row, less the lease: who holds a run is not its state."""
     return {k: v for k, v in run_row(db, RUN).items() if not k.startswith("lease_")}
 
@@ -388,8 +404,8 @@ def fold_point(events: list[tuple[Any, ...]], keep_last: int) -> tuple[int, int]
     return (position, finished_at[position]) if position > 0 else (0, 0)
 
 
-def history_of(db: Path) -> History:
-    with contextlib.closing(SQLiteStore(db, read_only=True)) as store:
+def history_of(db: Database) -> History:
+    with contextlib.closing(open_store(db, read_only=True)) as store:
         mark, snapshot, log = store.load_history(RUN)
     return History.from_events(RUN, log, watermark=mark, snapshot=snapshot)
 
@@ -562,11 +578,11 @@ SCRIPTS: dict[str, list[Op]] = {
 }
 
 
-def play(tmp_path: Path, copies: list[Copy], script: list[Op], at: int) -> tuple[Copy, Copy]:
+def play(copies: Copies, script: list[Op], at: int) -> tuple[Copy, Copy]:
     """Play ``script`` on one copy up to operation ``at``, split, then on both copies,
     compacting one at the split and after every operation, keeping the last 0, 1 or 2 steps
     in turn out of the snapshot."""
-    plain = origin(tmp_path, copies)
+    plain = origin(copies)
     for op in script[:at]:
         op(plain)
     compacted = split(plain, copies)
@@ -591,9 +607,9 @@ CASES = [
 
 @pytest.mark.parametrize(("script", "at"), CASES, ids=[f"{n}@{a}" for n, a in CASES])
 def test_a_compacted_copy_goes_on_exactly_like_the_uncompacted_one(
-    tmp_path: Path, copies: list[Copy], script: str, at: int
+    copies: Copies, script: str, at: int
 ) -> None:
-    plain, compacted = play(tmp_path, copies, SCRIPTS[script], at)
+    plain, compacted = play(copies, SCRIPTS[script], at)
 
     assert run_row(plain.db, RUN)["status"] == "COMPLETED"
     assert watermark(compacted.db, RUN) > 0, "the script never compacted anything"
@@ -610,9 +626,9 @@ def test_a_compacted_copy_goes_on_exactly_like_the_uncompacted_one(
 
 
 def test_repeated_compaction_with_every_keep_last_moves_the_watermark_only_forward(
-    tmp_path: Path, copies: list[Copy]
+    copies: Copies,
 ) -> None:
-    plain = origin(tmp_path, copies)
+    plain = origin(copies)
     start(plain)
     later(60)(plain)
     later(5)(plain)
@@ -631,10 +647,8 @@ def test_repeated_compaction_with_every_keep_last_moves_the_watermark_only_forwa
     assert_agree(plain, compacted)
 
 
-def test_a_run_compacted_up_to_its_last_event_goes_on_at_the_next_seq(
-    tmp_path: Path, copies: list[Copy]
-) -> None:
-    plain = origin(tmp_path, copies)
+def test_a_run_compacted_up_to_its_last_event_goes_on_at_the_next_seq(copies: Copies) -> None:
+    plain = origin(copies)
     assert crash(crashpoints.AFTER_STEP_COMMITTED, 3, lambda: start(plain))
     plain.restart()
     compacted = split(plain, copies)
@@ -649,10 +663,8 @@ def test_a_run_compacted_up_to_its_last_event_goes_on_at_the_next_seq(
     assert_agree(plain, compacted)
 
 
-def test_a_failed_run_compacts_and_replays_to_the_same_failure(
-    tmp_path: Path, copies: list[Copy]
-) -> None:
-    plain = origin(tmp_path, copies)
+def test_a_failed_run_compacts_and_replays_to_the_same_failure(copies: Copies) -> None:
+    plain = origin(copies)
     plain.rt.start("doomed", INPUT, run_id=RUN)
     assert run_row(plain.db, RUN)["status"] == "FAILED"
     compacted = split(plain, copies)
@@ -668,10 +680,10 @@ def test_a_failed_run_compacts_and_replays_to_the_same_failure(
 # -- non-determinism --------------------------------------------------------------------------
 
 
-def at_the_retry(tmp_path: Path, copies: list[Copy], keep_last: int) -> tuple[Copy, Copy]:
+def at_the_retry(copies: Copies, keep_last: int) -> tuple[Copy, Copy]:
     """The errand waiting for its retry (steps 1-8 finished, 9 open), in two copies, one of
     them compacted keeping the last ``keep_last`` finished steps out of the snapshot."""
-    plain = origin(tmp_path, copies)
+    plain = origin(copies)
     start(plain)
     later(60)(plain)
     assert run_row(plain.db, RUN)["status"] == "SLEEPING"
@@ -691,10 +703,10 @@ instead, and the two messages differ there (the run, seq and position do not).""
 @pytest.mark.parametrize("keep_last", [0, 3])
 @pytest.mark.parametrize("variant", list(CHANGED))
 def test_a_changed_workflow_is_refused_at_the_same_position_on_both_copies(
-    tmp_path: Path, copies: list[Copy], variant: str, keep_last: int
+    copies: Copies, variant: str, keep_last: int
 ) -> None:
     code, position = CHANGED[variant]
-    plain, compacted = at_the_retry(tmp_path, copies, keep_last)
+    plain, compacted = at_the_retry(copies, keep_last)
     errors = []
     for copy in (plain, compacted):
         changed = copy.boot(workflows={NAME: code})
@@ -769,9 +781,9 @@ def test_a_changed_workflow_is_refused_at_the_same_position_on_both_copies(
     ],
 )
 def test_the_database_still_guards_a_compacted_log(
-    tmp_path: Path, copies: list[Copy], statement: str, message: str
+    copies: Copies, statement: str, message: str
 ) -> None:
-    plain, compacted = at_the_retry(tmp_path, copies, 1)
+    plain, compacted = at_the_retry(copies, 1)
     compacted.rt.close()
     mark = watermark(compacted.db, RUN)
     last = event_rows(compacted.db, RUN)[-1][1]
@@ -779,7 +791,7 @@ def test_the_database_still_guards_a_compacted_log(
     before = (event_rows(compacted.db), run_row(compacted.db, RUN))
     with (
         connect(compacted.db) as conn,
-        pytest.raises(sqlite3.DatabaseError, match=message),
+        pytest.raises(refusal(compacted.db), match=message),
     ):
         conn.execute(statement, {"run": RUN, "mark": mark, "last": last})
     assert (event_rows(compacted.db), run_row(compacted.db, RUN)) == before
@@ -800,13 +812,11 @@ def test_the_database_still_guards_a_compacted_log(
 # -- leases -----------------------------------------------------------------------------------
 
 
-def test_a_run_another_runtime_is_driving_is_not_compacted(
-    tmp_path: Path, copies: list[Copy]
-) -> None:
+def test_a_run_another_runtime_is_driving_is_not_compacted(copies: Copies) -> None:
     """While one runtime is inside a step of the run (here: its tool is running), a second
-    runtime on the same file cannot compact it: RunLeased for that run, ``busy`` for all runs;
+    runtime on the same database cannot compact it: RunLeased for that run, ``busy`` for all runs;
     the other runs are compacted as usual."""
-    plain = origin(tmp_path, copies)
+    plain = origin(copies)
     plain.rt.start("doomed", INPUT, run_id="other")
     other_before = event_rows(plain.db, "other")
     start(plain)
@@ -837,10 +847,8 @@ def test_a_run_another_runtime_is_driving_is_not_compacted(
     assert [r.run_id for r in second.compact(RUN).runs] == [RUN]
 
 
-def test_a_run_leased_by_another_live_process_is_not_compacted(
-    tmp_path: Path, copies: list[Copy]
-) -> None:
-    plain = origin(tmp_path, copies)
+def test_a_run_leased_by_another_live_process_is_not_compacted(copies: Copies) -> None:
+    plain = origin(copies)
     start(plain)
     row = plain.rt.store.get_run(RUN)
     assert row is not None
@@ -891,49 +899,65 @@ def death_at_line(codes: tuple[CodeType, ...], n: int) -> Iterator[list[str]]:
         sys.settrace(None)
 
 
-COMPACTION_CODE = (
-    operator.compact_run.__code__,
-    SQLiteStore.compact.__code__,
-    inspect.unwrap(SQLiteStore._write).__code__,
-    SQLiteStore._set_sync.__code__,
-)
+def _nested(code: CodeType, name: str) -> CodeType:
+    """The code of the function named ``name`` defined inside ``code``."""
+    [found] = [c for c in code.co_consts if isinstance(c, CodeType) and c.co_name == name]
+    return found
 
 
-def state_of_file(db: Path) -> tuple[Any, ...]:
+COMPACTION_CODE = {
+    "sqlite": (
+        operator.compact_run.__code__,
+        SQLiteStore.compact.__code__,
+        inspect.unwrap(SQLiteStore._write).__code__,
+        SQLiteStore._set_sync.__code__,
+    ),
+    "postgres": (
+        operator.compact_run.__code__,
+        PostgresStore.compact.__code__,
+        _nested(PostgresStore.compact.__code__, "work"),
+        PostgresStore._do.__code__,
+    ),
+}
+"""The code a compaction runs, per backend: the operator's, and the store's transaction."""
+
+
+def state_of_database(db: Database) -> tuple[Any, ...]:
     row = run_row(db, RUN)
     kept = {k: row[k] for k in ("status", "watermark", "wake_at_s")}
     return kept, snapshot_row(db, RUN), event_rows(db), side_effect_rows(db)
 
 
 def test_a_death_anywhere_inside_a_compaction_leaves_the_old_state_or_the_new(
-    tmp_path: Path, copies: list[Copy]
+    copies: Copies, backend: str
 ) -> None:
-    """Die at every line compaction runs, one death per try: each time the file holds exactly
-    the state before compaction or exactly the state after, and a new process goes on alike."""
-    plain = origin(tmp_path, copies)
+    """Die at every line compaction runs, one death per try: each time the database holds
+    exactly the state before compaction or exactly the state after, and a new process goes on
+    alike."""
+    plain = origin(copies)
     start(plain)
     later(60)(plain)
     compacted = split(plain, copies)
     compacted.close()
-    pristine = tmp_path / "pristine.db"
-    copy_database(compacted.db, pristine)
-    old = state_of_file(compacted.db)
+    pristine = copies.databases.backup(compacted.db, "pristine")
+    old = state_of_database(compacted.db)
     compacted.rt = compacted.boot()
     compacted.rt.compact(RUN, reclaim=False)
-    new = state_of_file(compacted.db)
+    new = state_of_database(compacted.db)
     assert old != new
     compacted.close()
 
     seen: Counter[str] = Counter()
     for n in range(1, 500):
-        for leftover in ("", "-wal", "-shm"):
-            Path(f"{compacted.db}{leftover}").unlink(missing_ok=True)
-        copy_database(pristine, compacted.db)
+        copies.databases.restore(compacted.db, pristine)
         rt = compacted.boot()
-        with death_at_line(COMPACTION_CODE, n) as struck, contextlib.suppress(ProcessDeath):
+        with (
+            death_at_line(COMPACTION_CODE[backend], n) as struck,
+            contextlib.suppress(ProcessDeath),
+        ):
             rt.compact(RUN, reclaim=False)
         rt.close()
-        now = state_of_file(compacted.db)
+        now = state_of_database(compacted.db)
         assert now in (old, new), f"a death at {struck} left a mix of old and new"
         if not struck:
             assert now == new
@@ -949,42 +973,61 @@ def test_a_death_anywhere_inside_a_compaction_leaves_the_old_state_or_the_new(
         assert_agree(plain, compacted)
 
 
-def test_a_death_at_the_lease_leaves_nothing_and_the_next_process_compacts(
-    tmp_path: Path, copies: list[Copy]
-) -> None:
-    plain = origin(tmp_path, copies)
+def test_a_death_at_the_lease_leaves_nothing_and_the_next_process_compacts(copies: Copies) -> None:
+    plain = origin(copies)
     start(plain)
     compacted = split(plain, copies)
-    before = state_of_file(compacted.db)
+    before = state_of_database(compacted.db)
     assert crash(crashpoints.AFTER_LEASE_TAKEN, 1, lambda: compacted.rt.compact(RUN))
-    assert state_of_file(compacted.db) == before
+    assert state_of_database(compacted.db) == before
     compacted.restart()
     assert compact(plain, compacted, 0) is not None
     assert_agree(plain, compacted)
 
 
+KILL_COMPACTION = {
+    "sqlite": (
+        [
+            "CREATE TRIGGER kill_compaction BEFORE DELETE ON events "
+            "WHEN OLD.seq = {seq} BEGIN SELECT RAISE(ABORT, 'killed'); END"
+        ],
+        ["DROP TRIGGER kill_compaction"],
+    ),
+    "postgres": (
+        [
+            "CREATE FUNCTION kill_compaction() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION 'killed'; END $$",
+            "CREATE TRIGGER kill_compaction BEFORE DELETE ON events FOR EACH ROW "
+            "WHEN (OLD.seq = {seq}) EXECUTE FUNCTION kill_compaction()",
+        ],
+        ["DROP TRIGGER kill_compaction ON events", "DROP FUNCTION kill_compaction"],
+    ),
+}
+"""A trigger that aborts the delete of one event, in each backend's dialect, and its removal."""
+
+
 def test_a_compaction_whose_transaction_is_killed_changes_nothing(
-    tmp_path: Path, copies: list[Copy]
+    copies: Copies, backend: str
 ) -> None:
     """The database aborts the compaction's transaction at its last delete, after the snapshot
     was written in it: nothing of it may remain."""
-    plain = origin(tmp_path, copies)
+    plain = origin(copies)
     start(plain)
     compacted = split(plain, copies)
     _, seq = fold_point(event_rows(plain.db, RUN), 0)
+    kill, unkill = KILL_COMPACTION[backend]
     with connect(compacted.db) as conn:
-        conn.execute(
-            "CREATE TRIGGER kill_compaction BEFORE DELETE ON events "
-            f"WHEN OLD.seq = {seq} BEGIN SELECT RAISE(ABORT, 'killed'); END"
-        )
-    before = state_of_file(compacted.db)
+        for statement in kill:
+            conn.execute(statement.format(seq=seq))
+    before = state_of_database(compacted.db)
     with pytest.raises(StorageError, match="killed"):
         compacted.rt.compact(RUN)
-    assert state_of_file(compacted.db) == before
+    assert state_of_database(compacted.db) == before
     assert snapshot_row(compacted.db, RUN) is None
     assert_agree(plain, compacted)
     with connect(compacted.db) as conn:
-        conn.execute("DROP TRIGGER kill_compaction")
+        for statement in unkill:
+            conn.execute(statement)
     assert compact(plain, compacted, 0) is not None
     assert_agree(plain, compacted)
 
@@ -1028,7 +1071,21 @@ def without_auto_vacuum(src: Path, dst: Path) -> None:
     assert pragma(dst, "auto_vacuum") == 0
 
 
+def database_bytes(db: Database) -> int:
+    """What the database takes on disk: the file and its WAL, or the ``durabl`` schema's
+    tables on a server, their indexes and TOAST included."""
+    if isinstance(db, Path):
+        return file_bytes(db)
+    with connect(db) as conn:
+        (size,) = conn.execute(
+            "SELECT SUM(pg_total_relation_size(format('durabl.%I', tablename))) "
+            "FROM pg_tables WHERE schemaname = 'durabl'"
+        ).fetchone()
+    return int(size)
+
+
 def test_compacting_a_long_run_shrinks_the_file_new_or_old(tmp_path: Path) -> None:
+    """SQLite only: a file made before durabl switched auto_vacuum on is rewritten once."""
     plain = tmp_path / "plain.db"
     with Runtime(plain, llm=small_llm, workflows={LONG: long_agent}, durability="process") as rt:
         state = rt.run(LONG, {"n": LONG_STEPS}, run_id=RUN)
@@ -1059,13 +1116,12 @@ def test_compacting_a_long_run_shrinks_the_file_new_or_old(tmp_path: Path) -> No
     assert pragma(old, "auto_vacuum") == 2, "the rewrite did not switch incremental vacuum on"
 
 
-def test_compact_reclaims_by_default_and_reports_the_sizes(tmp_path: Path) -> None:
-    db = tmp_path / "long.db"
+def test_compact_reclaims_by_default_and_reports_the_sizes(db: Database) -> None:
     with Runtime(db, llm=small_llm, workflows={LONG: long_agent}, durability="process") as rt:
         rt.run(LONG, {"n": 400}, run_id=RUN)
         report = rt.compact()
         assert report.bytes_before is not None and report.bytes_after is not None
-        assert report.bytes_after == file_bytes(db)
+        assert report.bytes_after == database_bytes(db)
         assert report.bytes_after < report.bytes_before * 0.5
         assert rt.replay(RUN).steps_replayed == 400
 
@@ -1087,10 +1143,8 @@ DAMAGE = {
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
-def test_a_damaged_snapshot_is_a_loud_storage_error(
-    tmp_path: Path, copies: list[Copy], damage: str
-) -> None:
-    _, compacted = at_the_retry(tmp_path, copies, 0)
+def test_a_damaged_snapshot_is_a_loud_storage_error(copies: Copies, damage: str) -> None:
+    _, compacted = at_the_retry(copies, 0)
     compacted.rt.close()
     statement, change = DAMAGE[damage]
     with connect(compacted.db) as conn:
@@ -1122,10 +1176,8 @@ def test_a_damaged_snapshot_is_a_loud_storage_error(
 # -- metrics ----------------------------------------------------------------------------------
 
 
-def test_metrics_of_a_compacted_run_are_the_figures_of_its_whole_log(
-    tmp_path: Path, copies: list[Copy]
-) -> None:
-    plain, compacted = play(tmp_path, copies, SCRIPTS["deaths-dead-letter-redriven"], 2)
+def test_metrics_of_a_compacted_run_are_the_figures_of_its_whole_log(copies: Copies) -> None:
+    plain, compacted = play(copies, SCRIPTS["deaths-dead-letter-redriven"], 2)
     whole = [Event(*row[1:7]) for row in event_rows(plain.db, RUN)]
     figures = MetricsFold.of(whole).m
     assert compacted.rt.metrics(RUN) == plain.rt.metrics(RUN) == figures
@@ -1142,10 +1194,8 @@ def test_metrics_of_a_compacted_run_are_the_figures_of_its_whole_log(
 
 
 @pytest.mark.parametrize("keep_last", [-1, True, 1.5, "2", None])
-def test_keep_last_must_be_a_whole_number_of_steps(
-    tmp_path: Path, copies: list[Copy], keep_last: Any
-) -> None:
-    plain = origin(tmp_path, copies)
+def test_keep_last_must_be_a_whole_number_of_steps(copies: Copies, keep_last: Any) -> None:
+    plain = origin(copies)
     start(plain)
     before = event_rows(plain.db)
     with pytest.raises(ValueError, match="keep_last"):
@@ -1153,18 +1203,16 @@ def test_keep_last_must_be_a_whole_number_of_steps(
     assert event_rows(plain.db) == before
 
 
-def test_compacting_an_unknown_run_names_it(tmp_path: Path, copies: list[Copy]) -> None:
-    plain = origin(tmp_path, copies)
+def test_compacting_an_unknown_run_names_it(copies: Copies) -> None:
+    plain = origin(copies)
     with pytest.raises(RunNotFoundError, match="nope"):
         plain.rt.compact("nope")
     assert plain.rt.compact().runs == []
 
 
-def test_a_compacted_runs_snapshot_carries_no_step_it_does_not_serve(
-    tmp_path: Path, copies: list[Copy]
-) -> None:
+def test_a_compacted_runs_snapshot_carries_no_step_it_does_not_serve(copies: Copies) -> None:
     """The snapshot keeps each folded step's outcome, and no step past the watermark."""
-    plain, compacted = at_the_retry(tmp_path, copies, 2)
+    plain, compacted = at_the_retry(copies, 2)
     row = snapshot_row(compacted.db, RUN)
     assert row is not None
     snapshot = json.loads(row["body"])

@@ -17,6 +17,7 @@ from durabl.crashpoints import AFTER_STEP_COMMITTED, BEFORE_RUN_COMPLETED
 from .support import (
     START_S,
     Clock,
+    Databases,
     World,
     crash,
     event_rows,
@@ -152,7 +153,7 @@ def test_fresh_runtime_resume_serves_every_finished_step_and_calls_nothing(
 
 
 def test_mid_run_crash_then_resume_equals_the_uncrashed_run(
-    tmp_path: Any, db: Any, clock: Clock, world: World, runtime: Any
+    tmp_path: Any, databases: Databases, db: Any, clock: Clock, world: World, runtime: Any
 ) -> None:
     (tmp_path / "ref").mkdir()
     reference_world = World(tmp_path / "ref")
@@ -160,7 +161,7 @@ def test_mid_run_crash_then_resume_equals_the_uncrashed_run(
     ref_clock = Clock()
     ref_rt = runtime(
         {NAME: make_agent(ref_trace)},
-        db=tmp_path / "ref.db",
+        db=databases.new("ref"),
         llm=reference_world.llm,
         tools=reference_world.tools(),
         clock=ref_clock,

@@ -5,13 +5,16 @@ Each file in ``golden/`` is the log of a real run, exported by ``scripts/export_
 fresh database through durabl's own store, so checksums are computed the way durabl computes
 them, then replays it dry against the workflow code below: the workflow must recompute the
 recorded result byte for byte while nothing is called. A deliberately changed workflow must
-raise ``NonDeterminismError`` on the same history.
+raise ``NonDeterminismError`` on the same history. Both run on each backend, and the scenarios
+that export the histories record byte-identical logs on SQLite and on PostgreSQL: every text
+and every float reads back as it was written.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +33,9 @@ from durabl import (
     tool,
 )
 from durabl.events import Event
-from durabl.store import Commit, RunRow, SQLiteStore
+from durabl.store import Commit, RunRow, Store, open_store
+
+from .support import Database, Databases, event_rows, open_connection
 
 GOLDEN = Path(__file__).parent / "golden"
 SCRIPT = Path(__file__).parents[2] / "scripts" / "export_golden.py"
@@ -144,10 +149,10 @@ def load(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def install(history: dict[str, Any], db: Path) -> SQLiteStore:
+def install(history: dict[str, Any], db: Database) -> Store:
     """Write the history into a fresh database through durabl's own store."""
     log = [Event(**e) for e in history["events"]]
-    store = SQLiteStore(db)
+    store = open_store(db)
     first = log[0]
     row = RunRow(
         run_id=history["run_id"],
@@ -190,12 +195,17 @@ def test_the_golden_histories_are_there() -> None:
 
 
 @pytest.mark.parametrize("path", golden_files(), ids=lambda p: p.stem)
-def test_a_golden_history_replays_to_its_recorded_result(tmp_path: Path, path: Path) -> None:
+def test_a_golden_history_replays_to_its_recorded_result(databases: Databases, path: Path) -> None:
     history = load(path)
-    store = install(history, tmp_path / "golden.db")
+    db = databases.new("golden")
+    store = install(history, db)
     assert [tuple(e) for e in store.load_log(history["run_id"])] == [
         tuple(Event(**e)) for e in history["events"]
     ]
+    stored = [row[1:] for row in event_rows(db, history["run_id"])]
+    assert stored == [(*Event(**e), codec.checksum(*Event(**e))) for e in history["events"]], (
+        "the database does not hold the history as written"
+    )
     with Runtime(store=store, workflows=WORKFLOWS, llm=None, tools={}) as rt:
         state = rt.replay(history["run_id"])
 
@@ -229,10 +239,10 @@ def crash_resumed_changed(ctx: Any, to: str) -> Any:
     [("research", research_changed, 2), ("crash_resumed", crash_resumed_changed, 2)],
 )
 def test_a_changed_workflow_raises_on_the_golden_history(
-    tmp_path: Path, stem: str, changed: Callable[..., Any], position: int
+    databases: Databases, stem: str, changed: Callable[..., Any], position: int
 ) -> None:
     history = load(GOLDEN / f"{stem}.json")
-    store = install(history, tmp_path / "golden.db")
+    store = install(history, databases.new("golden"))
     with (
         Runtime(store=store, workflows={history["workflow"]: changed}, tools={}) as rt,
         pytest.raises(NonDeterminismError) as raised,
@@ -244,14 +254,39 @@ def test_a_changed_workflow_raises_on_the_golden_history(
     assert raised.value.seq == first["seq"]
 
 
-def test_the_export_is_deterministic(tmp_path: Path) -> None:
+def export_script() -> Any:
     spec = importlib.util.spec_from_file_location("export_golden", SCRIPT)
     assert spec is not None and spec.loader is not None
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    return script
+
+
+def test_the_export_is_deterministic(tmp_path: Path) -> None:
+    script = export_script()
     script.export(tmp_path / "a")
     script.export(tmp_path / "b")
     exported = sorted(p.name for p in (tmp_path / "a").iterdir())
     assert exported == sorted(p.name for p in golden_files())
     for name in exported:
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def exported(script: Any, db: Database, stem: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The export script's JSON for one scenario, run against ``db``: the script reads the
+    database back with ``sqlite3.connect``, which here opens whichever backend ``db`` is."""
+    monkeypatch.setattr(script, "sqlite3", types.SimpleNamespace(connect=open_connection))
+    run_id = script.SCENARIOS[stem](db, script.FixedClock())
+    history = script._history(db, run_id)
+    return json.dumps(history, indent=2, sort_keys=True, ensure_ascii=False)
+
+
+@pytest.mark.parametrize("stem", [p.stem for p in golden_files()])
+def test_a_scenario_records_the_same_history_byte_for_byte_on_both_backends(
+    tmp_path: Path, postgres_db: Callable[[], str], monkeypatch: pytest.MonkeyPatch, stem: str
+) -> None:
+    script = export_script()
+    on_sqlite = exported(script, tmp_path / f"{stem}.db", stem, monkeypatch)
+    on_postgres = exported(script, postgres_db(), stem, monkeypatch)
+    assert on_postgres == on_sqlite
+    assert json.loads(on_sqlite)["events"], "the scenario recorded nothing"

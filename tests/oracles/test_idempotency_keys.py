@@ -9,7 +9,6 @@ clear, catchable error. The key durabl hands the tool is the explicit one, or
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +17,7 @@ from durabl import ModelCall, ToolCall, ToolFailed, codec, crashpoints, tool
 
 from .support import (
     Clock,
+    Database,
     World,
     assert_effects_match_log,
     crash,
@@ -70,7 +70,7 @@ CHARGE = {"name": "charge", "args": {"amount": 42}, "key": KEY}
 
 @pytest.mark.parametrize("call", [SEND, CHARGE], ids=["idempotent", "at_most_once"])
 def test_a_second_run_with_the_key_gets_the_recorded_result_without_a_call(
-    db: Path, world: World, runtime: Any, call: dict[str, Any]
+    db: Database, world: World, runtime: Any, call: dict[str, Any]
 ) -> None:
     first = runtime(WORKFLOWS)
     a = first.run(KEYED, call, run_id="A")
@@ -95,7 +95,7 @@ def test_a_second_run_with_the_key_gets_the_recorded_result_without_a_call(
 
 @pytest.mark.parametrize("point", WINDOW)
 def test_idempotent_key_when_the_first_run_died_in_the_window(
-    db: Path, world: World, runtime: Any, point: str
+    db: Database, world: World, runtime: Any, point: str
 ) -> None:
     first = runtime(WORKFLOWS)
     assert crash(point, 1, lambda: first.start(KEYED, SEND, run_id="A"))
@@ -119,7 +119,7 @@ def test_idempotent_key_when_the_first_run_died_in_the_window(
 
 
 def test_idempotent_key_resumed_first_run_then_second_run(
-    db: Path, world: World, runtime: Any
+    db: Database, world: World, runtime: Any
 ) -> None:
     first = runtime(WORKFLOWS)
     assert crash(crashpoints.AFTER_TOOL_RETURNED, 1, lambda: first.start(KEYED, SEND, run_id="A"))
@@ -133,7 +133,7 @@ def test_idempotent_key_resumed_first_run_then_second_run(
 
 @pytest.mark.parametrize("point", WINDOW)
 def test_at_most_once_key_when_the_first_run_died_in_the_window(
-    db: Path, world: World, runtime: Any, point: str
+    db: Database, world: World, runtime: Any, point: str
 ) -> None:
     first = runtime(WORKFLOWS)
     assert crash(point, 1, lambda: first.start(KEYED, CHARGE, run_id="A"))
@@ -163,7 +163,7 @@ def test_at_most_once_key_when_the_first_run_died_in_the_window(
 
 
 def _conflict(
-    db: Path, world: World, runtime: Any, first: dict[str, Any], second: dict[str, Any]
+    db: Database, world: World, runtime: Any, first: dict[str, Any], second: dict[str, Any]
 ) -> Any:
     rt = runtime(WORKFLOWS)
     assert rt.run(KEYED, first, run_id="A").status == "COMPLETED"
@@ -184,7 +184,7 @@ def _conflict(
     ids=["other-args", "other-tool", "other-tool-same-mode"],
 )
 def test_reusing_a_key_for_something_else_is_a_clear_error(
-    db: Path, world: World, runtime: Any, second: dict[str, Any]
+    db: Database, world: World, runtime: Any, second: dict[str, Any]
 ) -> None:
     caught, uncaught = _conflict(db, world, runtime, SEND, second)
 
@@ -200,7 +200,7 @@ def test_reusing_a_key_for_something_else_is_a_clear_error(
 
 
 def test_reusing_a_key_held_by_a_run_that_died_in_the_window_is_a_conflict(
-    db: Path, world: World, runtime: Any
+    db: Database, world: World, runtime: Any
 ) -> None:
     first = runtime(WORKFLOWS)
     assert crash(crashpoints.AFTER_TOOL_DISPATCHED, 1, lambda: first.start(KEYED, SEND, run_id="A"))
@@ -212,7 +212,7 @@ def test_reusing_a_key_held_by_a_run_that_died_in_the_window_is_a_conflict(
     assert world.outbox.count(key=KEY) == 1
 
 
-def test_reusing_a_key_inside_one_run(db: Path, world: World, runtime: Any) -> None:
+def test_reusing_a_key_inside_one_run(db: Database, world: World, runtime: Any) -> None:
     state = runtime(WORKFLOWS).run(TWICE, {"key": KEY}, run_id="T")
     assert state.status == "FAILED"
     assert state.error is not None and KEY in state.error
@@ -221,7 +221,7 @@ def test_reusing_a_key_inside_one_run(db: Path, world: World, runtime: Any) -> N
 
 
 def test_the_key_handed_to_the_tool_is_explicit_or_run_id_and_position(
-    db: Path, world: World, runtime: Any
+    db: Database, world: World, runtime: Any
 ) -> None:
     state = runtime(WORKFLOWS).run(DERIVED, None, run_id="D")
     assert state.status == "COMPLETED"
@@ -236,7 +236,9 @@ def test_the_key_handed_to_the_tool_is_explicit_or_run_id_and_position(
     )
 
 
-def test_the_derived_key_is_the_same_after_a_crash(db: Path, world: World, runtime: Any) -> None:
+def test_the_derived_key_is_the_same_after_a_crash(
+    db: Database, world: World, runtime: Any
+) -> None:
     rt = runtime(WORKFLOWS)
     assert crash(crashpoints.AFTER_TOOL_RETURNED, 1, lambda: rt.start(DERIVED, None, run_id="D"))
     assert runtime(WORKFLOWS).resume("D").status == "COMPLETED"
@@ -245,7 +247,7 @@ def test_the_derived_key_is_the_same_after_a_crash(db: Path, world: World, runti
 
 
 def test_the_key_is_handed_only_to_a_keyword_only_parameter(
-    db: Path, clock: Clock, runtime: Any
+    db: Database, clock: Clock, runtime: Any
 ) -> None:
     seen: list[Any] = []
 

@@ -1,16 +1,15 @@
 """Oracle: no duplicate side effects.
 
 Tools append to a real outbox file. The process dies at every crash point, at every occurrence,
-of multi-tool workflows; a brand-new Runtime on the same file then finishes the run. The world
-must see each IDEMPOTENT effect exactly once (the tool deduplicates on the key durabl hands it)
-and each AT_MOST_ONCE effect at most once: after a death inside its ambiguous window the step is
-dead-lettered, never guessed, and the operator's redrive / resolve / cancel is recorded in the
+of multi-tool workflows; a brand-new Runtime on the same database then finishes the run. The
+world must see each IDEMPOTENT effect exactly once (the tool deduplicates on the key durabl hands
+it) and each AT_MOST_ONCE effect at most once: after a death inside its ambiguous window the step
+is dead-lettered, never guessed, and the operator's redrive / resolve / cancel is recorded in the
 log. The side_effects table holds one row per key and never overwrites one.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +26,12 @@ from durabl import (
     crashpoints,
 )
 from durabl.events import Event
-from durabl.store import Commit, SideEffect, SQLiteStore
+from durabl.store import Commit, SideEffect, open_store
 
 from .support import (
     Clock,
+    Database,
+    Databases,
     World,
     assert_effects_match_log,
     assert_gapless,
@@ -39,6 +40,7 @@ from .support import (
     drive_to_rest,
     event_rows,
     kinds,
+    refusal,
     side_effect_rows,
 )
 
@@ -69,14 +71,15 @@ INPUT = {"to": "ops@example.com"}
 RUN = "run-1"
 
 
-def reference(tmp_path: Path, runtime: Any, name: str) -> tuple[str, list[dict[str, Any]]]:
+def reference(
+    tmp_path: Path, databases: Databases, runtime: Any, name: str
+) -> tuple[str, list[dict[str, Any]]]:
     folder = tmp_path / "reference"
     folder.mkdir(exist_ok=True)
     world = World(folder)
     clock = Clock()
-    rt = runtime(
-        WORKFLOWS, db=folder / f"{name}.db", llm=world.llm, tools=world.tools(), clock=clock
-    )
+    db = databases.new(f"reference/{name}")
+    rt = runtime(WORKFLOWS, db=db, llm=world.llm, tools=world.tools(), clock=clock)
     run_id = rt.start(name, INPUT, run_id=RUN)
     state = drive_to_rest(rt, clock, run_id)
     assert state.status == "COMPLETED"
@@ -91,7 +94,7 @@ def effect_counts(world: World) -> dict[tuple[str, str], int]:
     return counts
 
 
-def last_started_tool(db: Path, run_id: str) -> str | None:
+def last_started_tool(db: Database, run_id: str) -> str | None:
     """The tool whose call the log shows in flight (started, no outcome), if any. An
     IDEMPOTENT tool with a derived key shows none: its opening commits with its outcome."""
     for row in reversed(event_rows(db, run_id)):
@@ -119,11 +122,16 @@ def operate(rt: Any, world: World, run_id: str) -> str:
 
 
 def check_case(
-    runtime: Any, name: str, point: str, occurrence: int, folder: Path, expected: tuple[Any, Any]
+    runtime: Any,
+    name: str,
+    point: str,
+    occurrence: int,
+    folder: Path,
+    db: Database,
+    expected: tuple[Any, Any],
 ) -> bool:
     """One (point, occurrence) case: die there, recover in a new Runtime, check the world."""
     expected_result, expected_effects = expected
-    db = folder / "durabl.db"
     world, clock = World(folder), Clock()
     rt = runtime(WORKFLOWS, db=db, llm=world.llm, tools=world.tools(), clock=clock)
 
@@ -152,12 +160,14 @@ def check_case(
     assert set(effects_at_death) <= set(after), "a side effect was rewritten"
     assert_effects_match_log(db)
     assert_gapless(db)
+    for process in (rt, fresh):  # gone before the next case: a server counts connections
+        process.close()
     return True
 
 
-def sweep(tmp_path: Path, runtime: Any, name: str) -> int:
+def sweep(tmp_path: Path, databases: Databases, runtime: Any, name: str) -> int:
     """Every crash point x every occurrence; returns the number of cases that died."""
-    expected_result, expected_outbox = reference(tmp_path, runtime, name)
+    expected_result, expected_outbox = reference(tmp_path, databases, runtime, name)
     expected_effects = {
         (r["tool"], str(r.get("body", r.get("amount")))): 1 for r in expected_outbox
     }
@@ -168,9 +178,16 @@ def sweep(tmp_path: Path, runtime: Any, name: str) -> int:
             occurrence += 1
             folder = tmp_path / f"{point}-{occurrence}"
             folder.mkdir()
+            db = databases.new(f"{point}-{occurrence}/durabl")
             try:
                 died = check_case(
-                    runtime, name, point, occurrence, folder, (expected_result, expected_effects)
+                    runtime,
+                    name,
+                    point,
+                    occurrence,
+                    folder,
+                    db,
+                    (expected_result, expected_effects),
                 )
             except AssertionError as exc:
                 died = True
@@ -183,19 +200,19 @@ def sweep(tmp_path: Path, runtime: Any, name: str) -> int:
 
 
 def test_idempotent_effects_happen_exactly_once_whatever_the_crash(
-    tmp_path: Path, runtime: Any
+    tmp_path: Path, databases: Databases, runtime: Any
 ) -> None:
-    assert sweep(tmp_path, runtime, IDEM) >= 25
+    assert sweep(tmp_path, databases, runtime, IDEM) >= 25
 
 
 def test_at_most_once_effects_never_repeat_and_dead_letter_when_ambiguous(
-    tmp_path: Path, runtime: Any
+    tmp_path: Path, databases: Databases, runtime: Any
 ) -> None:
-    assert sweep(tmp_path, runtime, MIXED) >= 20
+    assert sweep(tmp_path, databases, runtime, MIXED) >= 20
 
 
 def die_in_window(
-    db: Path, clock: Clock, world: World, runtime: Any, point: str, occurrence: int
+    db: Database, clock: Clock, world: World, runtime: Any, point: str, occurrence: int
 ) -> Any:
     """Start the mixed workflow, die at ``point``; a new Runtime then dead-letters the run."""
     rt = runtime(WORKFLOWS)
@@ -207,7 +224,7 @@ def die_in_window(
 
 
 def test_redrive_calls_the_step_again_and_is_recorded(
-    db: Path, clock: Clock, world: World, runtime: Any
+    db: Database, clock: Clock, world: World, runtime: Any
 ) -> None:
     rt = die_in_window(db, clock, world, runtime, crashpoints.AFTER_TOOL_DISPATCHED, 2)
     assert world.calls["charge"] == 0
@@ -234,7 +251,7 @@ def test_redrive_calls_the_step_again_and_is_recorded(
 
 
 def test_resolve_supplies_the_result_without_a_call_and_is_recorded(
-    db: Path, clock: Clock, world: World, runtime: Any
+    db: Database, clock: Clock, world: World, runtime: Any
 ) -> None:
     rt = die_in_window(db, clock, world, runtime, crashpoints.AFTER_TOOL_RETURNED, 3)
     key = f"charge-{RUN}"
@@ -261,7 +278,7 @@ def test_resolve_supplies_the_result_without_a_call_and_is_recorded(
 
 
 def test_resolving_a_derived_key_step_records_its_effect(
-    db: Path, clock: Clock, world: World, runtime: Any
+    db: Database, clock: Clock, world: World, runtime: Any
 ) -> None:
     rt = die_in_window(db, clock, world, runtime, crashpoints.AFTER_TOOL_RETURNED, 2)
     assert rt.resolve(RUN, {"charged": 5}).status == "COMPLETED"
@@ -272,7 +289,7 @@ def test_resolving_a_derived_key_step_records_its_effect(
 
 
 def test_cancel_ends_a_dead_lettered_run_and_is_recorded(
-    db: Path, clock: Clock, world: World, runtime: Any
+    db: Database, clock: Clock, world: World, runtime: Any
 ) -> None:
     rt = die_in_window(db, clock, world, runtime, crashpoints.AFTER_TOOL_DISPATCHED, 3)
     calls = dict(world.calls)
@@ -296,7 +313,7 @@ def test_cancel_ends_a_dead_lettered_run_and_is_recorded(
 
 
 def test_a_death_right_after_dead_lettering_keeps_one_dead_letter(
-    db: Path, clock: Clock, world: World, runtime: Any
+    db: Database, clock: Clock, world: World, runtime: Any
 ) -> None:
     rt = runtime(WORKFLOWS)
     assert crash(crashpoints.AFTER_TOOL_RETURNED, 2, lambda: rt.start(MIXED, INPUT, run_id=RUN))
@@ -311,7 +328,7 @@ def test_a_death_right_after_dead_lettering_keeps_one_dead_letter(
 
 
 def test_the_side_effects_table_refuses_a_second_record_for_a_key(
-    db: Path, clock: Clock, world: World, runtime: Any
+    db: Database, clock: Clock, world: World, runtime: Any
 ) -> None:
     rt = runtime(WORKFLOWS)
     assert rt.run(MIXED, INPUT, run_id=RUN).status == "COMPLETED"
@@ -319,7 +336,7 @@ def test_the_side_effects_table_refuses_a_second_record_for_a_key(
     before_effects, before_log = side_effect_rows(db), event_rows(db)
     key = f"charge-{RUN}"
 
-    store = SQLiteStore(db)
+    store = open_store(db)
     try:
         forged = Event(len(before_log) + 1, "STEP_COMPLETED", 3, None, '{"charged":0}', 1.0)
         second = SideEffect(
@@ -337,11 +354,11 @@ def test_the_side_effects_table_refuses_a_second_record_for_a_key(
     finally:
         store.close()
     with connect(db) as conn:
-        with pytest.raises(sqlite3.IntegrityError, match="never overwritten"):
+        with pytest.raises(refusal(db), match="never overwritten"):
             conn.execute("UPDATE side_effects SET result = '{}' WHERE idempotency_key = ?", (key,))
-        with pytest.raises(sqlite3.IntegrityError, match="never deleted"):
+        with pytest.raises(refusal(db), match="never deleted"):
             conn.execute("DELETE FROM side_effects WHERE idempotency_key = ?", (key,))
-        with pytest.raises(sqlite3.IntegrityError):
+        with pytest.raises(refusal(db)):
             conn.execute(
                 "INSERT INTO side_effects VALUES (?, ?, 3, 'charge', 'x', '{}', NULL, 1.0)",
                 (key, RUN),

@@ -12,14 +12,13 @@ each other's results.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from durabl import ModelCall, NonDeterminismError, Sleep, ToolCall, codec, crashpoints
 
-from .support import START_S, Clock, World, crash, event_rows, run_row
+from .support import START_S, Clock, Database, World, crash, event_rows, run_row
 
 NAME = "oracle_nd.agent"
 TO = "nd@example.com"
@@ -104,12 +103,12 @@ def started_sleeping(runtime: Any) -> None:
     rt.close()
 
 
-def first_seq_of(db: Path, position: int) -> int:
+def first_seq_of(db: Database, position: int) -> int:
     return min(r[1] for r in event_rows(db, "nd") if r[3] == position)
 
 
 def check_error(
-    err: NonDeterminismError, db: Path, position: int, expected: str, actual: str
+    err: NonDeterminismError, db: Database, position: int, expected: str, actual: str
 ) -> None:
     assert err.run_id == "nd"
     assert err.position == position
@@ -124,7 +123,7 @@ def check_error(
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_a_changed_workflow_is_held_with_its_log_untouched(
-    db: Path, clock: Clock, world: World, runtime: Any, variant: str
+    db: Database, clock: Clock, world: World, runtime: Any, variant: str
 ) -> None:
     code, position, expected, actual = VARIANTS[variant]
     started_sleeping(runtime)
@@ -164,7 +163,7 @@ def test_a_changed_workflow_is_held_with_its_log_untouched(
 
 
 def test_a_held_run_resumes_from_where_it_was_once_the_code_is_back(
-    db: Path, clock: Clock, world: World, runtime: Any
+    db: Database, clock: Clock, world: World, runtime: Any
 ) -> None:
     rt = runtime({NAME: original})
     assert crash(
@@ -192,7 +191,7 @@ def test_a_held_run_resumes_from_where_it_was_once_the_code_is_back(
 
 
 def test_swapped_steps_are_not_handed_each_others_results(
-    db: Path, world: World, runtime: Any
+    db: Database, world: World, runtime: Any
 ) -> None:
     started_sleeping(runtime)
     results_before = [
@@ -208,7 +207,7 @@ def test_swapped_steps_are_not_handed_each_others_results(
 
 
 def test_a_workflow_that_got_longer_simply_continues(
-    db: Path, clock: Clock, world: World, runtime: Any
+    db: Database, clock: Clock, world: World, runtime: Any
 ) -> None:
     started_sleeping(runtime)
     grown = runtime({NAME: longer})
@@ -221,7 +220,7 @@ def test_a_workflow_that_got_longer_simply_continues(
 
 
 def test_a_step_interrupted_mid_flight_is_still_matched_by_fingerprint(
-    db: Path, clock: Clock, world: World, runtime: Any
+    db: Database, clock: Clock, world: World, runtime: Any
 ) -> None:
     # The third step holds an explicit key, so its opening (with the key's claim) commits
     # before the call, and a death during the call leaves it in the log.

@@ -9,7 +9,6 @@ backoff is a durable timer too: the run parks SLEEPING instead of blocking.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +18,7 @@ from durabl import ModelCall, RetryPolicy, Sleep, ToolCall, codec, crashpoints, 
 from .support import (
     START_S,
     Clock,
+    Database,
     World,
     assert_gapless,
     assert_timers_once,
@@ -60,13 +60,13 @@ def retrying_model(ctx: Any) -> Any:
 WORKFLOWS = {NAP: nap, TRIO: trio, RETRYING_TOOL: retrying_tool, RETRYING_MODEL: retrying_model}
 
 
-def deadline_of(db: Path, run_id: str) -> float:
+def deadline_of(db: Database, run_id: str) -> float:
     [armed] = [r for r in event_rows(db, run_id) if r[2] == "TIMER_ARMED"]
     return float(codec.decode(armed[5])["fire_at_s"])
 
 
 def test_a_sleep_records_its_deadline_when_armed(
-    db: Path, clock: Clock, world: World, runtime: Any
+    db: Database, clock: Clock, world: World, runtime: Any
 ) -> None:
     rt = runtime(WORKFLOWS)
     run_id = rt.start(NAP, {"seconds": HOUR})
@@ -79,7 +79,7 @@ def test_a_sleep_records_its_deadline_when_armed(
 
 
 def test_tick_fires_exactly_the_timers_due_and_never_early(
-    db: Path, clock: Clock, world: World, runtime: Any
+    db: Database, clock: Clock, world: World, runtime: Any
 ) -> None:
     rt = runtime(WORKFLOWS)
     short = rt.start(NAP, {"seconds": 60}, run_id="short")
@@ -103,7 +103,7 @@ def test_tick_fires_exactly_the_timers_due_and_never_early(
 
 
 def test_resume_and_resume_all_never_fire_a_timer_early(
-    db: Path, clock: Clock, world: World, runtime: Any
+    db: Database, clock: Clock, world: World, runtime: Any
 ) -> None:
     rt = runtime(WORKFLOWS)
     run_id = rt.start(NAP, {"seconds": HOUR})
@@ -123,7 +123,7 @@ def test_resume_and_resume_all_never_fire_a_timer_early(
 
 
 def test_a_timer_fires_once_across_repeated_ticks(
-    db: Path, clock: Clock, world: World, runtime: Any
+    db: Database, clock: Clock, world: World, runtime: Any
 ) -> None:
     rt = runtime(WORKFLOWS)
     run_id = rt.start(TRIO, None)
@@ -144,7 +144,7 @@ def test_a_timer_fires_once_across_repeated_ticks(
 )
 @pytest.mark.parametrize("occurrence", [1, 2, 3])
 def test_a_timer_fires_once_across_crashes(
-    db: Path, clock: Clock, runtime: Any, point: str, occurrence: int
+    db: Database, clock: Clock, runtime: Any, point: str, occurrence: int
 ) -> None:
     rt = runtime(WORKFLOWS)
 
@@ -169,7 +169,7 @@ def test_a_timer_fires_once_across_crashes(
 
 
 def test_a_run_resumed_two_days_later_does_not_restart_its_sleep(
-    db: Path, clock: Clock, world: World, runtime: Any
+    db: Database, clock: Clock, world: World, runtime: Any
 ) -> None:
     rt = runtime(WORKFLOWS)
     run_id = rt.start(NAP, {"seconds": 3 * 86_400})
@@ -192,7 +192,7 @@ def test_a_run_resumed_two_days_later_does_not_restart_its_sleep(
 
 
 def test_the_process_may_exit_while_a_run_sleeps(
-    db: Path, clock: Clock, world: World, runtime: Any
+    db: Database, clock: Clock, world: World, runtime: Any
 ) -> None:
     rt = runtime(WORKFLOWS)
     run_id = rt.start(NAP, {"seconds": HOUR})
@@ -209,7 +209,7 @@ def test_the_process_may_exit_while_a_run_sleeps(
 
 
 def test_a_tool_retry_backoff_parks_the_run_on_a_durable_timer(
-    db: Path, clock: Clock, world: World, runtime: Any
+    db: Database, clock: Clock, world: World, runtime: Any
 ) -> None:
     rt = runtime(WORKFLOWS, tools=world.tools(flaky_delay_s=30))
     run_id = rt.start(RETRYING_TOOL, None)
@@ -232,7 +232,7 @@ def test_a_tool_retry_backoff_parks_the_run_on_a_durable_timer(
 
 
 def test_a_model_retry_backoff_parks_the_run_on_a_durable_timer(
-    db: Path, clock: Clock, world: World, runtime: Any
+    db: Database, clock: Clock, world: World, runtime: Any
 ) -> None:
     world.llm_failures_left = 1
     policy = RetryPolicy(max_attempts=3, base_delay=20)
@@ -254,7 +254,7 @@ def test_a_model_retry_backoff_parks_the_run_on_a_durable_timer(
 
 
 def test_backoff_grows_and_each_retry_fires_once(
-    db: Path, clock: Clock, world: World, runtime: Any
+    db: Database, clock: Clock, world: World, runtime: Any
 ) -> None:
     calls: list[float] = []
 

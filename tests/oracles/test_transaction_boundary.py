@@ -5,10 +5,10 @@ in ONE transaction. The first two are committed before the call when a crash dur
 must find them: for an AT_MOST_ONCE tool (the ambiguous window) and for an explicit key (its
 claim); for an IDEMPOTENT tool with a derived key they are committed with the outcome, since a
 crash during the call re-runs it either way. After a death at each named point, the database
-file is inspected with ``sqlite3`` BEFORE anything resumes, and must hold exactly what the
-tables below say. At no crash point may the side_effects table and the log disagree: if any
-named point sat between recording the effect and recording the completion, the sweep below
-would find it.
+is inspected with its own driver (``sqlite3``, psycopg) BEFORE anything resumes, and must hold
+exactly what the tables below say. At no crash point may the side_effects table and the log
+disagree: if any named point sat between recording the effect and recording the completion, the
+sweep below would find it.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from durabl import ModelCall, Sleep, ToolCall, ToolFailed, codec, crashpoints, t
 
 from .support import (
     Clock,
+    Database,
+    Databases,
     World,
     assert_effects_match_log,
     claim_rows,
@@ -90,7 +92,7 @@ WORKFLOWS = {ONE_TOOL: one_tool, MANY: many}
     ],
 )
 def test_the_database_holds_what_the_table_says_at_each_point(
-    db: Path, world: World, runtime: Any, point: str, name: str, key: str | None
+    db: Database, world: World, runtime: Any, point: str, name: str, key: str | None
 ) -> None:
     rt = runtime(WORKFLOWS)
     assert crash(point, 1, lambda: rt.start(ONE_TOOL, {"name": name, "key": key}, run_id="R"))
@@ -123,7 +125,7 @@ def test_the_database_holds_what_the_table_says_at_each_point(
 
 
 def test_a_failed_attempt_records_nothing_until_its_outcome_commits(
-    db: Path, clock: Clock, world: World, runtime: Any
+    db: Database, clock: Clock, world: World, runtime: Any
 ) -> None:
     rt = runtime(WORKFLOWS)
 
@@ -141,7 +143,7 @@ def test_a_failed_attempt_records_nothing_until_its_outcome_commits(
 
 
 def test_no_crash_point_sits_between_the_effect_and_its_completion(
-    tmp_path: Path, runtime: Any
+    tmp_path: Path, databases: Databases, runtime: Any
 ) -> None:
     reached: dict[str, int] = {}
     for point in crashpoints.ALL:
@@ -151,7 +153,7 @@ def test_no_crash_point_sits_between_the_effect_and_its_completion(
             folder = tmp_path / f"{point}-{occurrence}"
             folder.mkdir()
             world, clock = World(folder), Clock()
-            db = folder / "durabl.db"
+            db = databases.new(f"{point}-{occurrence}/durabl")
             rt = runtime(WORKFLOWS, db=db, llm=world.llm, tools=world.tools(), clock=clock)
             if not crash(
                 point,
@@ -166,6 +168,7 @@ def test_no_crash_point_sits_between_the_effect_and_its_completion(
             assert len(side_effect_rows(db)) == sum(
                 1 for r in event_rows(db, "M") if r[2] == "STEP_COMPLETED" and r[3] not in (1,)
             ), f"{point} #{occurrence}"
+            rt.close()  # gone before the next case: a server counts connections
     expected_unreached = {crashpoints.BEFORE_CTX_RECORDED, crashpoints.AFTER_DEAD_LETTERED}
     assert set(crashpoints.ALL) - set(reached) == expected_unreached
     assert reached[crashpoints.AFTER_STEP_COMMITTED] == 5
@@ -173,7 +176,7 @@ def test_no_crash_point_sits_between_the_effect_and_its_completion(
 
 
 def test_a_result_that_cannot_be_recorded_spends_its_key_in_one_transaction(
-    db: Path, world: World, runtime: Any
+    db: Database, world: World, runtime: Any
 ) -> None:
     calls: list[str] = []
 
