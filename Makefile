@@ -46,6 +46,7 @@ bench: $(STAMP)
 	$(PY) -m bench.compaction --out bench/results/compaction.json
 	$(PY) -m bench.dashboard --out bench/results/dashboard.json
 	$(PY) -m bench.throughput --out bench/results/throughput.json
+	$(PY) -m bench.postgres --out bench/results/postgres.json
 	$(PY) -m bench.scale --out bench/results/scale.json
 
 # This checkout's durabl against durabl 0.1.0 on W40, side by side in one run; 0.1.0 runs in

@@ -128,11 +128,62 @@ def throughput_table(numbers: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _latency(x: float) -> str:
+    return f"{x * 1e3:,.0f} ms" if x < 1 else f"{x:.1f} s"
+
+
+def _takeover_row(case: dict[str, Any]) -> str:
+    if case["death"] == "SIGSTOP":
+        where = f"a hung worker (SIGSTOP) on another host, lease {case['lease_s']:g} s"
+    else:
+        where = f"a SIGKILLed worker on {'another' if case['other_host'] else 'the same'} host"
+    return f"takeover of {where}, poll {case['poll_s']:g} s"
+
+
+def postgres_table(numbers: dict[str, Any]) -> str:
+    pg = numbers["postgres"]
+    lines = [
+        "| Median | durabl on PostgreSQL | durabl on SQLite | DBOS on PostgreSQL "
+        "| One raw INSERT, PostgreSQL |",
+        "|---|---|---|---|---|",
+    ]
+    for n, rate in pg["workers"]["postgres"].items():
+        lite = pg["workers"].get("sqlite", {}).get(n)
+        lines.append(
+            f"| steps/s, {n} worker process{'es' if n != '1' else ''} | {rate:,.0f} "
+            f"| {'–' if lite is None else f'{lite:,.0f}'} | – | – |"
+        )
+    rows: dict[str, dict[str, str]] = {}
+    for case in pg["takeover"]:
+        rows.setdefault(_takeover_row(case), {})[case["backend"]] = _latency(case["latency_s"])
+    for label, by in rows.items():
+        lines.append(f"| {label} | {by.get('postgres', '–')} | {by.get('sqlite', '–')} | – | – |")
+    over = pg["overhead_us"]
+    for column in ("full", "process"):
+        side = {(c["runtime"], c["backend"]): c for c in over.values() if c["column"] == column}
+
+        def us(runtime: str, backend: str, side: dict[Any, Any] = side) -> str:
+            c = side.get((runtime, backend))
+            return "–" if c is None else f"{c['median']:,g} µs"
+
+        dbos = us("dbos", "postgres")
+        if column == "process" and dbos != "–":
+            dbos += " (synchronous_commit off)"
+        mode = f'`"{column}"`'
+        lines.append(
+            f"| per-step overhead, {mode} | {us('durabl', 'postgres')} "
+            f"| {us('durabl', 'sqlite')} | {dbos} | {pg['floor_us'][column]:,g} µs "
+            f"(synchronous_commit {'on' if column == 'full' else 'off'}) |"
+        )
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[dict[str, Any]], str]] = {
     "leaderboard": leaderboard_table,
     "negative_control": negative_control_table,
     "performance": performance_table,
     "throughput": throughput_table,
+    "postgres": postgres_table,
 }
 
 

@@ -15,6 +15,8 @@ file names its source:
 - the side-by-side comparison with durabl 0.1.0 (``bench/results/compare.json``, from
   ``make bench-compare``), throughput under concurrency and the large-database figures
   (``bench/results/throughput.json``, ``bench/results/scale.json``, from ``make bench``);
+- durabl on PostgreSQL beside SQLite and DBOS: workers, takeover and per-step cost
+  (``bench/results/postgres.json``, from ``make bench``);
 - the durability leaderboard (``bench/results/durability/leaderboard.json``, from
   ``make bench-peers``).
 
@@ -44,6 +46,7 @@ SOURCES = {
     "compare": "bench/results/compare.json",
     "throughput": "bench/results/throughput.json",
     "scale": "bench/results/scale.json",
+    "postgres": "bench/results/postgres.json",
     "leaderboard": "bench/results/durability/leaderboard.json",
 }
 
@@ -211,6 +214,44 @@ def scale() -> dict[str, Any]:
     }
 
 
+def postgres() -> dict[str, Any]:
+    report = _load("postgres")
+    cells, server = report["cells"], report["postgres"]
+    workers = [c for c in cells if c["kind"] == "workers"]
+    keep = ("label", "backend", "other_host", "death", "poll_s", "lease_s", "reps", "bound")
+    return {
+        "timestamp": report["timestamp"],
+        "server_version": server["version"].split()[0],
+        "settings": {
+            k: server["settings"][k]
+            for k in ("synchronous_commit", "fsync", "wal_sync_method", "commit_delay")
+        },
+        "worker_runs": report["workload"]["worker_runs"],
+        "worker_concurrency": report["workload"]["worker_concurrency"],
+        "workers": {
+            backend: {str(c["workers"]): c["steps_per_s_median"] for c in same}
+            for backend in dict.fromkeys(c["backend"] for c in workers)
+            if (same := [c for c in workers if c["backend"] == backend])
+        },
+        "takeover": [
+            {k: c.get(k) for k in keep} | {"latency_s": _sig(c["latency_s_median"])}
+            for c in cells
+            if c["kind"] == "takeover" and c["measured"]
+        ],
+        "overhead_us": {
+            c["label"]: {
+                **{k: c[k] for k in ("runtime", "backend", "mode", "column")},
+                "median": _sig(c["us_per_step_median"]),
+                "ratio_to_floor": c["ratio_to_floor"],
+            }
+            for c in cells
+            if c["kind"] == "overhead"
+        },
+        "floor_us": {c["column"]: _sig(c["us_median"]) for c in cells if c["kind"] == "floor"},
+        "dbos": {k: report["dbos"].get(k) for k in ("measured", "why")},
+    }
+
+
 def leaderboard() -> dict[str, Any]:
     board = _load("leaderboard")
     keep = (
@@ -238,6 +279,7 @@ def collect(*, tests: bool = True) -> dict[str, Any]:
         "compare": compare(),
         "throughput": throughput(),
         "scale": scale(),
+        "postgres": postgres(),
         "leaderboard": leaderboard(),
     }
     if tests:

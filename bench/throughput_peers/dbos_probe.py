@@ -14,6 +14,12 @@ shape as durabl's threads calling ``rt.start``. (A DBOS queue would dispatch the
 onto DBOS's executor after a poll of the queue table; calling directly leaves the poll interval
 out of the figure.) Steps are counted afterwards from DBOS's records:
 ``DBOS.list_workflow_steps`` of each workflow, which must be SUCCESS.
+
+``--db URL`` puts the system database elsewhere (``system_database_url=URL``; a
+``postgresql://`` URL puts it on PostgreSQL, through SQLAlchemy and psycopg 3, which DBOS
+requires), and the probe reports that server's ``synchronous_commit`` as DBOS's pool sees it.
+``overhead`` as the first argument times pairs in one thread instead (``kit.time_pairs``): the
+plain loop, then one workflow, for the per-step overhead over the plain loop.
 """
 
 from __future__ import annotations
@@ -31,12 +37,13 @@ DB_NAME = "dbos.sqlite"
 SYNCHRONOUS = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
 
 
-def main(args: kit.Args) -> None:
+def main(args: kit.Args, pairs: bool = False) -> None:
     from dbos import DBOS, DBOSConfig, SetWorkflowID
 
+    url = args.db or f"sqlite:///{args.work / DB_NAME}"
     config: DBOSConfig = {
         "name": "throughput-probe",
-        "system_database_url": f"sqlite:///{args.work / DB_NAME}",
+        "system_database_url": url,
         "log_level": "WARNING",
     }
     DBOS(config=config)
@@ -65,14 +72,17 @@ def main(args: kit.Args) -> None:
         with SetWorkflowID(kit.run_id_of(k)):
             return w40(kit.topic_of(k))
 
-    timing = kit.run_concurrently(args, run_one)
+    timing = (kit.time_pairs if pairs else kit.run_concurrently)(args, run_one)
+    steps = [steps_of(DBOS, kit.run_id_of(k)) for k in range(args.runs)]
+    durability = postgres_settings() if url.startswith("postgresql") else sqlite_settings()
+    DBOS.destroy()  # its background threads and connections, before the process exits
     kit.emit(
         args,
         timing,
-        [steps_of(DBOS, kit.run_id_of(k)) for k in range(args.runs)],
+        steps,
         runtime="dbos",
         version=metadata.version("dbos"),
-        durability=sqlite_settings(),
+        durability=durability,
         concurrency_by="threads, each calling the @DBOS.workflow function under its own "
         "SetWorkflowID",
     )
@@ -104,5 +114,25 @@ def sqlite_settings() -> dict[str, Any]:
     }
 
 
+def postgres_settings() -> dict[str, Any]:
+    """What a connection from DBOS's system-database pool says of its server (read from the
+    instance, as ``sqlite_settings`` does), and the pool's size."""
+    from dbos._dbos import _get_dbos_instance
+
+    engine = _get_dbos_instance()._sys_db.engine
+    with engine.connect() as conn:
+        sync = conn.exec_driver_sql("SHOW synchronous_commit").scalar()
+        version = conn.exec_driver_sql("SHOW server_version").scalar()
+    return {
+        "mode": "default",
+        "synchronous_commit": sync,
+        "server_version": version,
+        "driver": engine.url.drivername,
+        "pool_size": engine.pool.size(),
+        "postgres": f"PostgreSQL {version}, synchronous_commit={sync} (as DBOS's pool sees it)",
+    }
+
+
 if __name__ == "__main__":
-    main(kit.parse_args(sys.argv[1:]))
+    overhead = sys.argv[1:2] == ["overhead"]
+    main(kit.parse_args(sys.argv[2:] if overhead else sys.argv[1:]), pairs=overhead)

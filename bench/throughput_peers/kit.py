@@ -15,7 +15,11 @@ for a network call). This is the one copy of the stub model and the tool's resul
 Timing: ``--concurrency`` threads wait at one barrier, then thread ``t`` drives runs ``t``,
 ``t + N``, ``t + 2N``, ... one after another. The span runs from the first thread's start to the
 last thread's last completion; CPU is the whole process's user + system time over the same
-stretch.
+stretch. ``time_pairs`` times the other way, for per-step overhead: in one thread, the plain
+loop (``plain_loop``: the same calls with no runtime) then one run, pair after pair.
+
+The database is a file in ``--work`` unless ``--db`` names one (a PostgreSQL URL, say), in the
+form the runtime takes it.
 """
 
 from __future__ import annotations
@@ -85,6 +89,15 @@ class Outbox:
         return result_of(i, topic)
 
 
+def plain_loop(tool: Callable[[int, str], dict[str, Any]], topic: str) -> dict[str, Any]:
+    """W40 with no runtime: the model call and the 40 tool calls, with the same arguments."""
+    plan = stub_model(f"Plan a search about {topic}")
+    found = []
+    for i in range(TOOL_CALLS):
+        found.append(tool(i, topic)["i"])
+    return {"plan": plan["plan"], "hits": len(found)}
+
+
 def check_outbox(folder: Path, runs: int) -> int:
     """Every run's file holds its 40 lines, once each and in order. Returns the effects."""
     effects = 0
@@ -114,6 +127,9 @@ class Args:
     sleep_s: float
     mode: str
     """The durability mode, for a runtime that has several; "default" otherwise."""
+    db: str | None = None
+    """The runtime's database as it takes it (a file, a PostgreSQL URL); None: a file in
+    ``work``."""
 
 
 def parse_args(argv: list[str] | None = None, modes: tuple[str, ...] = ("default",)) -> Args:
@@ -123,10 +139,11 @@ def parse_args(argv: list[str] | None = None, modes: tuple[str, ...] = ("default
     parser.add_argument("--runs", type=int, required=True, help="runs to drive, all told")
     parser.add_argument("--sleep-s", type=float, default=0.0, help="sleep in each tool call")
     parser.add_argument("--mode", choices=modes, default=modes[0], help="durability mode")
+    parser.add_argument("--db", help="the runtime's database (default: a file in --work)")
     ns = parser.parse_args(argv)
     if ns.concurrency < 1 or ns.runs < ns.concurrency:
         parser.error("need 1 <= --concurrency <= --runs")
-    return Args(Path(ns.work), ns.concurrency, ns.runs, ns.sleep_s, ns.mode)
+    return Args(Path(ns.work), ns.concurrency, ns.runs, ns.sleep_s, ns.mode, ns.db)
 
 
 # -- driving and timing ---------------------------------------------------------------------
@@ -167,6 +184,34 @@ def run_concurrently(args: Args, run_one: Callable[[int], Any]) -> dict[str, Any
         raise ProbeError(f"{len(failures)} of {n} threads failed; the first:\n{failures[0]}")
     span_s = max(ends) - min(starts)
     return {"span_s": span_s, "cpu_s": cpu_s, "first_result": results.get(0)}
+
+
+def time_pairs(args: Args, run_one: Callable[[int], Any]) -> dict[str, Any]:
+    """``args.runs`` pairs in this thread, each the plain loop (on a tool like the runs', writing
+    to a file of its own) then run ``k``, each timed on its own; the runtime's per-step overhead
+    is (run - plain) / 41 of a pair. Returns what ``run_concurrently`` returns (the span being
+    the runs' time alone), and under ``pairs`` the nanoseconds of each."""
+    tool = Outbox(args.work / "outbox", args.sleep_s)
+    plain_ns: list[int] = []
+    run_ns: list[int] = []
+    first: Any = None
+    cpu0 = _cpu_s()
+    for k in range(args.runs):
+        t0 = time.perf_counter_ns()
+        plain_loop(tool, f"{TOPIC} plain-{k:05d}")
+        t1 = time.perf_counter_ns()
+        result = run_one(k)
+        t2 = time.perf_counter_ns()
+        plain_ns.append(t1 - t0)
+        run_ns.append(t2 - t1)
+        if k == 0:
+            first = result
+    return {
+        "span_s": sum(run_ns) / 1e9,
+        "cpu_s": _cpu_s() - cpu0,
+        "first_result": first,
+        "pairs": {"plain_ns": plain_ns, "run_ns": run_ns},
+    }
 
 
 def _cpu_s() -> float:
@@ -211,6 +256,7 @@ def emit(
         "first_result": timing["first_result"],
         "tool_result": result_of(0, topic_of(0)),
         "durability": durability,
+        **({"pairs": timing["pairs"]} if "pairs" in timing else {}),
         **extra,
     }
     print(json.dumps(report), flush=True)
