@@ -12,21 +12,18 @@ every run must complete with each step in its log once and each tool called once
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
-import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 
-import psycopg
 import pytest
 
+import pg_support
 from durabl import Runtime, ToolCall, workflow
 
 SERVER_HOST, SERVER_PORT = "127.0.0.1", 5432
-_names = itertools.count()
 
 
 def _close(ends: tuple[socket.socket, ...]) -> None:
@@ -114,23 +111,9 @@ class CuttingRelay:
         self._listener.close()
 
 
-def _admin() -> psycopg.Connection[tuple[object, ...]]:
-    try:
-        return psycopg.connect(
-            f"postgresql://{SERVER_HOST}:{SERVER_PORT}/postgres", autocommit=True
-        )
-    except psycopg.OperationalError as exc:
-        raise AssertionError(f"needs the PostgreSQL server (make postgres-up): {exc}") from None
-
-
 @pytest.fixture
-def database() -> Iterator[str]:
-    name = f"durabl_unknown_{os.getpid()}_{next(_names)}"
-    with _admin() as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    yield name
-    with _admin() as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+def database(postgres_db: Callable[[], str]) -> str:
+    return pg_support.name_of(postgres_db())
 
 
 calls: list[int] = []

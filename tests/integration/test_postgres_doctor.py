@@ -3,20 +3,15 @@ REPEATABLE READ snapshot, and what only a server can get wrong (a trigger switch
 
 from __future__ import annotations
 
-import itertools
 import json
-import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import psycopg
 import pytest
 
 from durabl import Runtime, ToolCall, workflow
-
-SERVER = "postgresql://127.0.0.1:5432"
-_names = itertools.count()
 
 
 @workflow(name="doctor_chain")
@@ -27,23 +22,9 @@ def chain(ctx: object, steps: int) -> object:
     return total
 
 
-def _admin() -> psycopg.Connection[tuple[object, ...]]:
-    try:
-        return psycopg.connect(f"{SERVER}/postgres", autocommit=True, connect_timeout=5)
-    except psycopg.OperationalError as exc:
-        raise AssertionError(
-            f"needs the PostgreSQL server at {SERVER} (make postgres-up): {exc}"
-        ) from None
-
-
 @pytest.fixture
-def url() -> Iterator[str]:
-    name = f"durabl_doctor_{os.getpid()}_{next(_names)}"
-    with _admin() as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    yield f"{SERVER}/{name}"
-    with _admin() as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+def url(postgres_db: Callable[[], str]) -> str:
+    return postgres_db()
 
 
 def doctor(url: str) -> tuple[int, dict[str, object]]:

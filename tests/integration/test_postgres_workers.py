@@ -15,48 +15,29 @@ Workflows and tools live in ``worker_agents.py``.
 
 from __future__ import annotations
 
-import itertools
 import json
-import os
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
 import pytest
 from proc_support import Procs, count_by, env_for, lines, outbox_keys, processes, wait_until
 
+import pg_support
 from durabl import Runtime
 from durabl.steps import derived_key
 from durabl.store import open_store
 
-SERVER = "postgresql://127.0.0.1:5432"
 LONG_POLL_S = 120.0
 """Longer than any test here: whatever a worker finds, it was told of, not polled for."""
 
-_names = itertools.count()
-
-
-def _admin() -> psycopg.Connection[tuple[object, ...]]:
-    try:
-        return psycopg.connect(f"{SERVER}/postgres", autocommit=True, connect_timeout=5)
-    except psycopg.OperationalError as exc:
-        raise AssertionError(
-            f"these tests need the PostgreSQL server at {SERVER} (make postgres-up): {exc}"
-        ) from None
-
 
 @pytest.fixture
-def url() -> Iterator[str]:
-    name = f"durabl_workers_{os.getpid()}_{next(_names)}"
-    with _admin() as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{name}"')
-    yield f"{SERVER}/{name}"
-    with _admin() as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+def url(postgres_db: Callable[[], str]) -> str:
+    return postgres_db()
 
 
 def settled(url: str, run_ids: list[str]) -> bool:
@@ -151,17 +132,6 @@ def test_a_timer_wakes_a_worker_when_due_without_polling(tmp_path: Path, url: st
     assert 1.0 <= done_s - armed_s < 10, "fired before its deadline, or only by a poll"
 
 
-def _terminate_sessions(url: str) -> int:
-    name = url.rsplit("/", 1)[1]
-    with _admin() as admin:
-        found = admin.execute(
-            "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity "
-            "WHERE datname = %s AND pid <> pg_backend_pid()",
-            (name,),
-        ).fetchone()
-    return int(found[0]) if found else 0
-
-
 def test_connections_cut_again_and_again_lose_and_repeat_nothing(tmp_path: Path, url: str) -> None:
     env = env_for(tmp_path, DURABL_TEST_STEP_S="0.01")
     cut = 0
@@ -173,7 +143,7 @@ def test_connections_cut_again_and_again_lose_and_repeat_nothing(tmp_path: Path,
         def cutter() -> None:
             nonlocal cut
             while not done.wait(0.15):
-                cut += _terminate_sessions(url)
+                cut += pg_support.terminate_sessions(url)
 
         thread = threading.Thread(target=cutter)
         thread.start()
@@ -192,24 +162,6 @@ def test_connections_cut_again_and_again_lose_and_repeat_nothing(tmp_path: Path,
     assert "reconnected to" in errors
 
 
-def _restart_server_immediately() -> None:
-    version = os.listdir("/etc/postgresql")[0]
-    subprocess.run(
-        [
-            "pg_ctlcluster",
-            "--skip-systemctl-redirect",
-            version,
-            "main",
-            "restart",
-            "-m",
-            "immediate",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
-
-
 def test_a_server_crash_and_restart_while_workers_run(tmp_path: Path, url: str) -> None:
     env = env_for(tmp_path, DURABL_TEST_STEP_S="0.05")
     with processes() as procs:
@@ -217,7 +169,7 @@ def test_a_server_crash_and_restart_while_workers_run(tmp_path: Path, url: str) 
         run_ids = submit(url, 12, steps=8)
         time.sleep(0.5)  # well into the runs, far from their end (96 steps of 50 ms, 4 at once)
         assert not settled(url, run_ids)
-        _restart_server_immediately()
+        pg_support.restart_server()
         wait_until("the workers to complete every run", lambda: settled(url, run_ids), 90)
         errors = stop(workers)
 
