@@ -86,9 +86,10 @@ from psycopg import sql
 from bench import harness
 from bench.harness import REPO, Report, rotations, say, summary
 from bench.throughput_peers import kit
+from bench.workers import BenchError, Monitor, wait_for
 from bench.workload import EXPECTED, OUTBOX_ENV, SLEEP_ENV, STEPS, TOOL_CALLS
 from durabl.leases import HOST, LEASE_S
-from durabl.store import Lease, RunRow, open_store
+from durabl.store import Lease, open_store
 from durabl.store.postgres import session_name
 from durabl.worker import POLL_S
 
@@ -196,10 +197,6 @@ QUICK = Plan(
     fsync_samples=20,
     timeout_s=60.0,
 )
-
-
-class BenchError(Exception):
-    """A check on what a sample did did not hold, or a process misbehaved."""
 
 
 # -- the server -----------------------------------------------------------------------------
@@ -742,53 +739,6 @@ class Kill:
     tries: int  # SIGSTOPs until one froze the worker between two transactions
 
 
-class Monitor:
-    """Reads the database while the workers write it, through a read-only store."""
-
-    def __init__(self, db: str) -> None:
-        self.store = open_store(db, read_only=True)
-        self._logs: dict[str, list[Any]] = {}
-
-    def close(self) -> None:
-        self.store.close()
-
-    def row(self, run_id: str) -> RunRow:
-        row = self.store.get_run(run_id)
-        if row is None:
-            raise BenchError(f"no run {run_id}")
-        return row
-
-    def log(self, run_id: str) -> list[Any]:
-        seen = self._logs.setdefault(run_id, [])
-        seen += self.store.load_log(run_id, seen[-1].seq if seen else 0)
-        return seen
-
-    def resumes(self, run_id: str) -> list[tuple[int, float, dict[str, Any]]]:
-        return [
-            (e.seq, e.at_s, json.loads(e.data or "{}"))
-            for e in self.log(run_id)
-            if e.kind == "RUN_RESUMED"
-        ]
-
-    def completed_steps(self, run_id: str, after_seq: int = 0) -> list[tuple[int, float]]:
-        return [
-            (e.seq, e.at_s)
-            for e in self.log(run_id)
-            if e.kind == "STEP_COMPLETED" and e.seq > after_seq
-        ]
-
-
-def wait_for(what: str, check: Any, timeout_s: float = 60.0, every_s: float = 0.005) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise BenchError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(every_s)
-
-
 class Takeover:
     """One takeover case: two workers on a fresh database, one slow run per repetition."""
 
@@ -893,7 +843,7 @@ class Takeover:
         )
         if self.case.death == "hang":
             driver.kill()  # its part is over: it held its lease, alive, until the lease ran out
-        wait_for(f"run {run_id} to complete", lambda: mon.row(run_id).status == "COMPLETED")
+        wait_for(f"run {run_id} to complete", lambda: mon.run(run_id).status == "COMPLETED")
         sample = self.sample(rep, kill, taken.expires_s - self.case.lease_s, stepped[0][1])
         sample["first_step_after_create_s"] = round(picked_up_s - mon.log(run_id)[0].at_s, 4)
         sample["steps_replayed_by_taker"] = boundary.get("replayed")
@@ -903,7 +853,7 @@ class Takeover:
     def holder(self, mon: Monitor, run_id: str, pids: set[int]) -> Lease | None:
         """The run's lease if one of ``pids`` holds it. A lease taken (not yet renewed)
         expires ``lease_s`` after the moment it was taken, by the taker's clock."""
-        lease = mon.row(run_id).lease
+        lease = mon.run(run_id).lease
         return lease if lease is not None and lease.pid in pids else None
 
     def stop_mid_step(self, mon: Monitor, run_id: str, driver: Worker, picked_up_s: float) -> Kill:
@@ -912,7 +862,7 @@ class Takeover:
         kill_after_s = self.plan.kill_after_s + self.rng.uniform(0, self.case.poll_s)
         time.sleep(max(0.0, picked_up_s + kill_after_s - time.time()))
         steps_done = len(mon.completed_steps(run_id))
-        row = mon.row(run_id)
+        row = mon.run(run_id)
         if row.status != "RUNNING" or steps_done >= STEPS:
             raise BenchError(f"run {run_id} finished before the kill")
         if self.case.death == "hang":

@@ -63,7 +63,7 @@ from bench.harness import Report, percentile, rotations, say, summary
 from bench.workload import EXPECTED, OUTBOX_ENV, SLEEP_ENV, STEPS, TOOL_CALLS, TOPIC
 from durabl import Runtime
 from durabl.events import Event
-from durabl.store import RunRow, SQLiteStore
+from durabl.store import RunRow, SQLiteStore, open_store
 
 SCHEMA = 1
 """Version of the layout of the JSON this script writes."""
@@ -363,8 +363,8 @@ class Monitor:
     command line reads it. A run's log is read on from where the last look stopped: the
     takeover case looks every few milliseconds, and a look must cost next to nothing."""
 
-    def __init__(self, db: Path) -> None:
-        self.store = SQLiteStore(db, read_only=True)
+    def __init__(self, db: Path | str) -> None:
+        self.store = open_store(db, read_only=True)
         self._logs: dict[str, list[Event]] = {}
 
     def close(self) -> None:
@@ -406,7 +406,9 @@ class Monitor:
         return None if lease is None else lease.expires_s
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float, every_s: float = 0.005) -> Any:
+def wait_for(
+    what: str, check: Callable[[], Any], timeout_s: float = 60.0, every_s: float = 0.005
+) -> Any:
     deadline = time.monotonic() + timeout_s
     while True:
         found = check()

@@ -58,6 +58,7 @@ from durabl.events import Event
 from durabl.store.base import UNCHANGED, Commit, KeyClaim, Lease, RunRow, SideEffect
 from durabl.store.records import NO_LEASE, parameters_of, run_row
 from durabl.store.schema import load_migrations, load_queries
+from durabl.store.sqlite import check_durability
 
 __all__ = ["MIGRATIONS", "PQ", "SCHEMA_VERSION", "PostgresStore", "server_name"]
 
@@ -164,13 +165,7 @@ class PostgresStore:
         reconnect_s: float = RECONNECT_S,
         pool_size: int = POOL_SIZE,
     ) -> None:
-        from durabl.store.sqlite import DURABILITY_MODES
-
-        if durability not in DURABILITY_MODES:
-            raise ValueError(
-                f"durability must be one of {', '.join(map(repr, DURABILITY_MODES))}, "
-                f"got {durability!r}"
-            )
+        check_durability(durability)
         self.url = url
         self.path = server_name(url)
         self.durability = durability

@@ -56,6 +56,15 @@ __all__ = ["APPLICATION_ID", "MIGRATIONS", "SCHEMA_VERSION", "Q", "SQLiteStore"]
 DURABILITY_MODES = ("full", "process")
 
 
+def check_durability(durability: str) -> None:
+    """ValueError unless ``durability`` is one every store knows."""
+    if durability not in DURABILITY_MODES:
+        raise ValueError(
+            f"durability must be one of {', '.join(map(repr, DURABILITY_MODES))}, "
+            f"got {durability!r}"
+        )
+
+
 class SQLiteStore:
     """A durabl database in one SQLite file. Thread-safe; one connection per store."""
 
@@ -66,11 +75,7 @@ class SQLiteStore:
         durability: str = "full",
         read_only: bool = False,
     ) -> None:
-        if durability not in DURABILITY_MODES:
-            raise ValueError(
-                f"durability must be one of {', '.join(map(repr, DURABILITY_MODES))}, "
-                f"got {durability!r}"
-            )
+        check_durability(durability)
         self.path = os.fspath(path)
         self.durability = durability
         self.read_only = read_only
