@@ -17,6 +17,8 @@ def _entropy() -> float:
 class _ValueSource(Protocol):
     def ctx_value(self, what: str, draw: Callable[[], Any]) -> Any: ...
 
+    def patched(self, patch_id: str) -> bool: ...
+
     @property
     def replaying(self) -> bool: ...
 
@@ -61,6 +63,27 @@ class Context:
     def uuid(self) -> str:
         """A random UUID4 string, recorded on first call."""
         return str(self._source.ctx_value("uuid", lambda: str(_uuid.uuid4())))
+
+    def patched(self, patch_id: str) -> bool:
+        """Whether this run takes the new branch of a code change named ``patch_id``::
+
+            if ctx.patched("summary-v2"):
+                summary = yield ModelCall(new_prompt)
+            else:
+                summary = yield ModelCall(old_prompt)
+
+        A run that reaches this point for the first time records that it took the new branch
+        and gets True, on every replay too. A run whose log already holds another step here
+        was recorded by the old code, and gets False: it replays the old branch to the step,
+        and keeps to it. Keep the call (and the old branch) while runs recorded before the
+        change may still be resumed; ``durabl check`` lists them.
+        """
+        if not isinstance(patch_id, str) or not patch_id:
+            raise TypeError(
+                f"ctx.patched takes a non-empty string id, got {type(patch_id).__name__} "
+                f"{patch_id!r} (run {self.run_id})"
+            )
+        return self._source.patched(patch_id)
 
     def log(self, message: str) -> None:
         """Log a line from the workflow; silent while replaying, so each line appears once."""

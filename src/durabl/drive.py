@@ -28,7 +28,7 @@ from durabl.errors import (
 from durabl.flow import Hold, Park, Unwind
 from durabl.replay import History, StepRecord
 from durabl.states import Progress
-from durabl.steps import CtxValue, Sleep, Step
+from durabl.steps import CtxValue, PatchMarker, Sleep, Step
 from durabl.workflow import Workflow
 
 _CTX_STEPS = {what: CtxValue(what) for what in ("now", "random", "uuid")}
@@ -151,8 +151,18 @@ class Drive:
         if self.hold is not None:
             raise Hold(self.hold)
 
+    def _past_patches(self) -> None:
+        """Step over patch markers the code no longer asks for: a ``ctx.patched`` guard taken
+        out once every run recorded before the change is finished leaves, in the runs that took
+        the new branch, a marker where the code now yields the new branch's first step."""
+        steps = self.history.steps
+        while (rec := steps.get(self.progress.position)) is not None and replay.is_patch(rec):
+            self.progress.position += 1
+            self.progress.replayed += 1
+
     def _step(self, step: Step) -> Any:
         """Serve the step from the log, throw its recorded failure, or execute it."""
+        self._past_patches()
         try:
             action, rec = self.decide(self.history, self.progress.position, step)
         except NonDeterminismError as exc:
@@ -179,9 +189,41 @@ class Drive:
             raise Park()
         return self.execute(step, rec, action)
 
+    def patched(self, patch_id: str) -> bool:
+        """``ctx.patched``: True where the log records the patch here, or where the log ends
+        (the run meets the change for the first time, which is recorded); False where the log
+        holds another step here, recorded before the change, or the run has ended without one.
+        Only True takes a position: the old branch's steps keep theirs. (The value recorded is
+        the patch id, so that the log names the patch, not only its fingerprint.)"""
+        marker = PatchMarker(patch_id)
+        steps = self.history.steps
+        position = self.progress.position + 1
+        while (rec := steps.get(position)) is not None and (
+            rec.fp != marker.fingerprint and replay.is_patch(rec)
+        ):
+            position += 1  # another patch's marker, whose guard was taken out
+        if rec is not None:
+            if rec.fp != marker.fingerprint:
+                return False
+            self.progress.replayed += position - self.progress.position
+            self.progress.position = position
+            return True
+        if self.history.terminal is not None:
+            return False
+        self.progress.position = position
+        if self.dry:
+            return True  # what the run would take when it goes on; a dry pass writes nothing
+        try:
+            self.execute(marker, None, replay.EXECUTE, lambda: patch_id)
+        except Unwind as unwind:
+            self.fatal = unwind.fatal
+            raise
+        return True
+
     def ctx_value(self, what: str, draw: Callable[[], Any]) -> Any:
         """A ``ctx.now()``/``random()``/``uuid()`` value: from the log, or drawn and recorded."""
         self.progress.position += 1
+        self._past_patches()
         step = _CTX_STEPS[what]
         try:
             action, rec = self.decide(self.history, self.progress.position, step)
@@ -205,6 +247,9 @@ class Drive:
     def _finish(self, value: Any) -> None:
         """The workflow returned: check the log agrees, then record the run's result."""
         history = self.history
+        self.progress.position += 1  # past any marker after the last step, then back
+        self._past_patches()
+        self.progress.position -= 1
         try:
             replay.check_end(history, self.progress.position)
         except NonDeterminismError as exc:

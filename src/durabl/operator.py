@@ -1,5 +1,6 @@
-"""What an operator does to runs: the dead-letter queue (list, redrive, resolve, cancel) and
-compaction. Every change is written to the run's log under its lease, like a drive's."""
+"""What an operator does to runs: the dead-letter queue (list, redrive, resolve, cancel),
+compaction, and the check before a deploy (every run replayed dry against the new code). Every
+change is written to the run's log under its lease, like a drive's; the check writes nothing."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from durabl.errors import (
     DeadLetterEventMissingError,
     DurablError,
     EffectAlreadyRecordedError,
+    NonDeterminismError,
     NotDeadLetteredError,
     RunLeased,
     described,
@@ -21,11 +23,57 @@ from durabl.errors import (
 from durabl.events import Event
 from durabl.metrics import MetricsFold
 from durabl.replay import History
-from durabl.states import Compaction, DeadLetter, RunCompaction, RunState
+from durabl.states import Compaction, DeadLetter, RunCheck, RunCompaction, RunState
 from durabl.steps import derived_key
 from durabl.store.base import RunRow, SideEffect
 
 logger = logging.getLogger("durabl")
+
+
+# -- before a deploy ---------------------------------------------------------------------------
+
+
+def check(engine: Engine) -> list[RunCheck]:
+    """Replay every stored run, dry, against the engine's workflows (``Runtime.check``)."""
+    found = []
+    for row in reversed(engine.store.list_runs()):
+        finished = row.status in events.TERMINAL_STATUSES
+        try:
+            engine.drive(row, engine.workflow_of(row.workflow), None, None)
+        except NonDeterminismError as exc:
+            found.append(
+                RunCheck(
+                    run_id=row.run_id,
+                    workflow=row.workflow,
+                    status=row.status,
+                    ok=False,
+                    breaks=not finished,
+                    problem=str(exc),
+                    seq=exc.seq,
+                    position=exc.position,
+                    expected=exc.expected,
+                    actual=exc.actual,
+                )
+            )
+            continue
+        except DurablError as exc:  # its workflow is not registered, its log is damaged...
+            found.append(
+                RunCheck(
+                    run_id=row.run_id,
+                    workflow=row.workflow,
+                    status=row.status,
+                    ok=False,
+                    breaks=not finished,
+                    problem=str(exc),
+                )
+            )
+            continue
+        found.append(
+            RunCheck(
+                run_id=row.run_id, workflow=row.workflow, status=row.status, ok=True, breaks=False
+            )
+        )
+    return found
 
 
 # -- the dead-letter queue -------------------------------------------------------------------

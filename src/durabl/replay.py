@@ -29,7 +29,7 @@ from durabl.errors import (
     UnknownSnapshotFormatError,
 )
 from durabl.events import Event
-from durabl.steps import CtxValue, Step, describe_canonical
+from durabl.steps import CtxValue, PatchMarker, Step, describe_canonical
 
 SERVE = "SERVE"
 THROW = "THROW"
@@ -351,10 +351,30 @@ def mismatch(history: History, position: int, expected: str, actual: str) -> Non
 _CTX_BY_FP = {CtxValue(what).fingerprint: f"ctx.{what}()" for what in ("now", "random", "uuid")}
 
 
+def patch_id_of(rec: StepRecord) -> str | None:
+    """The patch id if ``rec`` is a ``ctx.patched`` marker: its recorded value is the id, and
+    a marker's fingerprint is that id's, so the record proves what it is by itself."""
+    if rec.canonical is not None or rec.result_text is None or not rec.done:
+        return None
+    if not rec.result_text.startswith('"'):
+        return None
+    patch_id = codec.decode(rec.result_text)
+    if isinstance(patch_id, str) and PatchMarker(patch_id).fingerprint == rec.fp:
+        return patch_id
+    return None
+
+
+def is_patch(rec: StepRecord) -> bool:
+    return patch_id_of(rec) is not None
+
+
 def describe_record(rec: StepRecord) -> str:
     """How the log names a recorded step: its short description, for errors and the CLI."""
     if rec.fp in _CTX_BY_FP:
         return _CTX_BY_FP[rec.fp]
+    patch_id = patch_id_of(rec)
+    if patch_id is not None:
+        return f"ctx.patched({patch_id!r})"
     if rec.canonical is None and rec.description is not None:
         return rec.description
     if rec.canonical is None:

@@ -31,7 +31,7 @@ from durabl.errors import DeadLetteredError, RunFailedError, RunNotFinishedError
 from durabl.execute import Services
 from durabl.journal import Journal, Writer
 from durabl.replay import History, StepRecord
-from durabl.states import Compaction, DeadLetter, RunCompaction, RunState
+from durabl.states import Compaction, DeadLetter, RunCheck, RunCompaction, RunState
 from durabl.steps import Step
 from durabl.store import Store, open_store
 from durabl.tools import RetryPolicy, Tool, build_registry
@@ -220,6 +220,16 @@ class Runtime:
         return of_runs(self.store, run_ids)
 
     # -- operating -------------------------------------------------------------------------
+
+    def check(self) -> list[RunCheck]:
+        """Replay every stored run against this runtime's workflows, dry, oldest first: what a
+        deploy of this code would do to the runs in the database, before it is deployed. Calls
+        nothing and writes nothing. A run breaks when it is not finished and its replay differs
+        from its log (the first difference is named) or cannot run at all (its workflow is not
+        registered, say)."""
+        from durabl import operator
+
+        return operator.check(self._engine)
 
     def dead_letters(self) -> list[DeadLetter]:
         """Every run stopped on a dead-lettered step, oldest first."""

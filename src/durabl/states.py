@@ -51,6 +51,28 @@ class DeadLetter(Report):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RunCheck(Report):
+    """What replaying one stored run against the code at hand, dry, found (``Runtime.check``).
+
+    ``breaks``: a deploy of this code would hold the run (it is not finished, and its replay
+    differs or cannot run). A finished run that differs is reported, but nothing holds it."""
+
+    run_id: str
+    workflow: str
+    status: str
+    ok: bool
+    breaks: bool
+    problem: str | None = None
+    """Why the replay differs or could not run: the error a resume would raise."""
+    seq: int | None = None
+    """Where the log and the code first differ: the log's seq, the step's position, and what
+    each says is there."""
+    position: int | None = None
+    expected: str | None = None
+    actual: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunCompaction(Report):
     """What compaction did to one run."""
 

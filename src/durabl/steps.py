@@ -180,6 +180,23 @@ class CtxValue(Step):
         return f"ctx.{self.what}()"
 
 
+class PatchMarker(CtxValue):
+    """The record that a run took the new branch of ``ctx.patched(patch_id)``: a ctx value
+    whose recorded value is always true. Its absence where the log holds another step is what
+    tells an older run to keep to the old branch."""
+
+    __slots__ = ("patch_id",)
+    kind = "patch"
+
+    def __init__(self, patch_id: str) -> None:
+        self.what = "patched"
+        self.patch_id = patch_id
+        self.canonical = f'["patch",{codec.encode_str(patch_id)}]'
+
+    def describe(self) -> str:
+        return f"ctx.patched({self.patch_id!r})"
+
+
 def describe_canonical(canonical: str) -> str:
     """Rebuild a readable description from a recorded canonical text (for errors and the CLI)."""
     try:
@@ -194,6 +211,8 @@ def describe_canonical(canonical: str) -> str:
             return f"Sleep({float(parsed[1]):.15g} s)"
         if kind == "ctx":
             return f"ctx.{parsed[1]}()"
+        if kind == "patch":
+            return f"ctx.patched({parsed[1]!r})"
     except (ValueError, IndexError, TypeError, KeyError):
         pass
     return canonical

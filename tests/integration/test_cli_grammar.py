@@ -46,7 +46,7 @@ ARGUMENTS = {  # what a command needs besides its name, by its words
     "migrate": ["--to", "TARGET"],  # each placement's own new PostgreSQL database
 }
 IMPORTING = {  # the commands that load the --import modules (the others only read)
-    *("worker", "resume", "replay", "tick", "compact"),
+    *("worker", "resume", "replay", "tick", "compact", "check"),
     *("dlq redrive", "dlq resolve", "dlq cancel"),
 }
 MODULES = ("cli_agents", "cli_imported")

@@ -31,6 +31,7 @@ _COMMANDS: tuple[Callable[[Commands], None], ...] = (
     examine.add_metrics,
     operate.add_compact,
     examine.add_doctor,
+    logs.add_check,
     migrate.add_migrate,
     examine.add_ui,
 )

@@ -19,6 +19,7 @@ from durabl.cli.opening import read_store, runtime
 from durabl.cli.options import EXIT_FAILED, EXIT_OK, REQUIRED, Commands, UsageError, positive_whole
 from durabl.cli.render import Grid, emit, headline, print_state, short, when
 from durabl.replay import History
+from durabl.states import RunCheck
 from durabl.store import Store, open_store
 from durabl.store.base import RunRow
 from durabl.store.reads import require_run
@@ -87,6 +88,57 @@ def add_replay(commands: Commands) -> None:
         read_only=True,
     )
     p.add_argument("--dry", action="store_true", help="required: execute and write nothing")
+
+
+def add_check(commands: Commands) -> None:
+    commands.add_command(
+        "check",
+        _check,
+        help="before a deploy: replay every run against the --import code, list what it would hold",
+        description="Replay every stored run, dry, against the workflows of the --import modules "
+        "(the code about to be deployed): each run that is not finished and whose log the code "
+        "no longer matches is listed with the first step where they differ. Opens the database "
+        "read-only; calls nothing. Exit 1 when a deploy of this code would hold any run.",
+        read_only=True,
+    )
+
+
+def _check(args: argparse.Namespace) -> int:
+    if not args.imports:
+        raise UsageError("check needs the code to check: --import MODULE (repeatable)")
+    with runtime(args, open_store(args.db, read_only=True)) as rt:
+        found = rt.check()
+    broken = [c for c in found if c.breaks]
+    table = [
+        [
+            c.run_id,
+            c.workflow,
+            c.status,
+            "ok" if c.ok else ("WOULD HOLD" if c.breaks else "differs (finished)"),
+            _difference(c),
+        ]
+        for c in found
+    ]
+    summary = f"{counted(len(found), 'run')} checked: " + (
+        f"{counted(len(broken), 'run')} would be held by this code"
+        if broken
+        else "none would be held"
+    )
+    emit(
+        args,
+        {"runs": [c.as_dict() for c in found], "would_hold": [c.run_id for c in broken]},
+        Grid(["RUN", "WORKFLOW", "STATUS", "VERDICT", "FIRST DIFFERENCE"], table),
+        summary,
+    )
+    return EXIT_FAILED if broken else EXIT_OK
+
+
+def _difference(c: RunCheck) -> str:
+    if c.ok:
+        return ""
+    if c.seq is None:
+        return short(c.problem or "", 70)
+    return f"seq {c.seq}: recorded {c.expected}, now {c.actual}"
 
 
 def _runs(args: argparse.Namespace) -> int:

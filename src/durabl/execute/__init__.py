@@ -11,13 +11,14 @@ from typing import Any
 
 from durabl.execute import ctx, model, timer, tool
 from durabl.execute.base import Executor, Services, StepCall
-from durabl.steps import CtxValue, ModelCall, Sleep, Step, ToolCall
+from durabl.steps import CtxValue, ModelCall, PatchMarker, Sleep, Step, ToolCall
 
 EXECUTORS: dict[type[Step], Executor] = {
     ModelCall: model.execute,
     ToolCall: tool.execute,
     Sleep: timer.execute,
     CtxValue: ctx.execute,
+    PatchMarker: ctx.execute,  # recorded as a ctx value whose value is the patch id
 }
 
 
