@@ -27,13 +27,14 @@ from durabl.errors import (
     UnknownWorkflowError,
 )
 from durabl.runtime import DeadLetter, RunState, Runtime
-from durabl.steps import ModelCall, Sleep, Step, ToolCall
+from durabl.steps import TIMED_OUT, ModelCall, Sleep, Step, ToolCall, WaitSignal
 from durabl.tools import RetryPolicy, Tool, ToolMode, tool
 from durabl.workflow import Workflow, workflow
 
 __version__ = "0.2.0.dev0"
 
 __all__ = [
+    "TIMED_OUT",
     "DeadLetter",
     "DeadLetteredError",
     "DurablError",
@@ -63,6 +64,7 @@ __all__ = [
     "ToolMode",
     "UnknownToolError",
     "UnknownWorkflowError",
+    "WaitSignal",
     "Workflow",
     "__version__",
     "tool",

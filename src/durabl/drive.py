@@ -28,7 +28,7 @@ from durabl.errors import (
 from durabl.flow import Hold, Park, Unwind
 from durabl.replay import History, StepRecord
 from durabl.states import Progress
-from durabl.steps import CtxValue, PatchMarker, Sleep, Step
+from durabl.steps import CtxValue, PatchMarker, Sleep, Step, WaitSignal
 from durabl.workflow import Workflow
 
 _CTX_STEPS = {what: CtxValue(what) for what in ("now", "random", "uuid")}
@@ -170,7 +170,7 @@ class Drive:
         if action == replay.SERVE and rec is not None:
             self.progress.replayed += 1
             crashpoints.reach(crashpoints.DURING_REPLAY)
-            return codec.decode(rec.result_text or "null")
+            return step.served(codec.decode(rec.result_text or "null"))
         if action == replay.THROW and rec is not None and rec.failure is not None:
             self.progress.replayed += 1
             raise StepFailed.from_record(rec.failure)
@@ -181,7 +181,7 @@ class Drive:
             raise Park()  # dead-lettered, or the process is shutting down: leave it here
         if (
             action == replay.WAIT
-            and not isinstance(step, Sleep)
+            and not isinstance(step, Sleep | WaitSignal)  # these two look at their deadline
             and rec is not None
             and self.now() < (rec.wake_at_s or 0.0)
         ):

@@ -59,6 +59,8 @@ class Event(NamedTuple):
 # Run statuses (strings, stable: they are stored and shown).
 RUNNING = "RUNNING"
 SLEEPING = "SLEEPING"
+WAITING = "WAITING"
+"""Parked on a WaitSignal: due again when a signal is sent to it, or at its timeout."""
 HELD = "HELD"
 COMPLETED = "COMPLETED"
 FAILED = "FAILED"

@@ -33,7 +33,7 @@ KEEP = UNCHANGED
 NewEvent = tuple[str, str | None, str | None]
 """An event to append for the step in hand: (kind, fingerprint, data)."""
 
-_HEALTHY = (events.RUNNING, events.SLEEPING, events.COMPLETED)
+_HEALTHY = (events.RUNNING, events.SLEEPING, events.WAITING, events.COMPLETED)
 
 
 class Writer:
@@ -99,6 +99,8 @@ class Journal:
         claim: KeyClaim | None = None,
         release_claim: str | None = None,
         durable: bool = False,
+        deliver_signal: int | None = None,
+        wake_on_signal: str | None = None,
     ) -> None:
         """Append ``new`` at the step in hand (or at ``step``) and set the run's row, in ONE
         transaction. Without an explicit status, writing events means the run is RUNNING."""
@@ -127,6 +129,8 @@ class Journal:
                 durable=durable,
                 at_s=now_s,
                 fence=self.token,
+                deliver_signal=deliver_signal,
+                wake_on_signal=wake_on_signal,
             )
         )
         if new:

@@ -27,7 +27,7 @@ from durabl.replay import read_snapshot
 from durabl.states import Report
 from durabl.store.base import Store
 
-_KINDS = {'["model"': "model", '["tool",': "tool", '["sleep"': "sleep"}
+_KINDS = {'["model"': "model", '["tool",': "tool", '["sleep"': "sleep", '["signal': "signal"}
 
 
 @dataclass(slots=True, kw_only=True)
@@ -41,6 +41,8 @@ class Metrics(Report):
     model_calls: int = 0
     tool_calls: int = 0
     sleeps: int = 0
+    signals: int = 0
+    """Waits for a signal that ended: answered, or timed out."""
     ctx_values: int = 0
     """ctx.now() / random() / uuid() values recorded."""
     attempts: int = 0
@@ -120,7 +122,7 @@ class MetricsFold:
             step = self.open[e.step]
             if step.attempting:
                 self._restarted(step)
-            if step.kind != "sleep":  # a sleep's time is its timer's
+            if step.kind not in ("sleep", "signal"):  # their time is waiting, not working
                 step.attempting, step.started_at_s = True, e.at_s
         elif kind == events.STEP_RETRY:
             m.retries += 1
@@ -173,6 +175,8 @@ class MetricsFold:
             self.m.model_calls += 1
         elif step.kind == "sleep":
             self.m.sleeps += 1
+        elif step.kind == "signal":
+            self.m.signals += 1
         else:
             self.m.tool_calls += 1
 

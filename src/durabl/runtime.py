@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from durabl import codec, events, leases, replay
-from durabl.checks import check_type
+from durabl.checks import check_text, check_type
 from durabl.engine import Engine
 from durabl.errors import DeadLetteredError, RunFailedError, RunNotFinishedError
 from durabl.execute import Services
@@ -165,6 +165,17 @@ class Runtime:
     def run(self, workflow: Any, input: Any = None, *, run_id: str | None = None) -> RunState:
         """``start``, and return the state the run reached."""
         return self._engine.start(workflow, input, run_id, self._boundary)
+
+    def signal(self, run_id: str, name: str, payload: Any = None) -> int:
+        """Send ``payload`` to the run, for its ``WaitSignal(name)``: kept durably until a
+        wait for ``name`` takes it (at once if the run waits for it now, else the first such
+        wait it reaches), and taken once. A waiting run is made due at once, so a worker (or
+        ``tick``) drives it on; this call only records. Returns the signal's number in the run.
+        ``RunNotFoundError`` for an unknown run, ``RunEndedError`` for one that has ended, and
+        ``EncodingError`` for a payload that is not JSON; nothing is written then."""
+        check_text("name", name)
+        text, _ = codec.round_trip(payload, what=f"the payload of signal {name!r} to run {run_id}")
+        return self.store.send_signal(run_id, name, text, self._clock())
 
     def resume(self, run_id: str) -> RunState:
         """Drive an existing run on from where its log ends."""

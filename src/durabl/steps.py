@@ -1,4 +1,4 @@
-"""What a workflow yields: ModelCall, ToolCall and Sleep, and their fingerprints.
+"""What a workflow yields: ModelCall, ToolCall, Sleep and WaitSignal, and their fingerprints.
 
 A step is a description of work, never the work itself. Each step has a canonical text (the JSON
 of its type and arguments) and a fingerprint of that text; replay compares fingerprints to tell
@@ -45,6 +45,11 @@ class Step:
 
     def describe(self) -> str:
         raise NotImplementedError
+
+    def served(self, recorded: Any) -> Any:
+        """What the workflow gets for the result the log records (the same, but for a wait
+        whose record says how it ended)."""
+        return recorded
 
     def __repr__(self) -> str:
         return self.describe()
@@ -166,6 +171,61 @@ class Sleep(Step):
         return f"Sleep({self.seconds:.15g} s)"
 
 
+class _TimedOut:
+    """What a ``WaitSignal`` returns when its timeout passes first: test it with ``is``."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "TIMED_OUT"
+
+    def __reduce__(self) -> str:
+        return "TIMED_OUT"
+
+
+TIMED_OUT = _TimedOut()
+"""What ``yield WaitSignal(name, timeout=...)`` returns when no signal came in time."""
+
+
+class WaitSignal(Step):
+    """Wait, durably, for a signal sent to the run (``Runtime.signal``, ``durabl signal``):
+    the yield returns its payload, or ``TIMED_OUT`` once ``timeout`` (seconds or a
+    ``timedelta``; None waits for ever) has passed without one. A signal sent before the wait
+    is kept and taken by the first wait for its name; each is taken once."""
+
+    __slots__ = ("name", "timeout_s")
+    kind = "signal"
+
+    def __init__(self, name: str, *, timeout: Any = None) -> None:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"WaitSignal name must be a non-empty string, got {name!r}")
+        seconds = None
+        if timeout is not None:
+            total = getattr(timeout, "total_seconds", None)
+            seconds = total() if callable(total) else timeout
+            if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+                raise TypeError(
+                    f"WaitSignal timeout must be seconds or a timedelta, got {timeout!r}"
+                )
+            if math.isnan(seconds) or seconds < 0 or seconds > MAX_SLEEP_S:
+                raise ValueError(
+                    f"WaitSignal timeout must be between 0 s and a century, got {seconds!r}"
+                )
+            seconds = float(seconds)
+        self.name = name
+        self.timeout_s = seconds
+        self.canonical = f'["signal",{codec.encode_str(name)},{json.dumps(seconds)}]'
+
+    def describe(self) -> str:
+        timeout = "" if self.timeout_s is None else f", timeout={self.timeout_s:.15g} s"
+        return f"WaitSignal({self.name!r}{timeout})"
+
+    def served(self, recorded: Any) -> Any:
+        if isinstance(recorded, dict) and recorded.get("timed_out") is True:
+            return TIMED_OUT
+        return recorded["payload"] if isinstance(recorded, dict) else recorded
+
+
 class CtxValue(Step):
     """A non-deterministic value read through ctx (now, random, uuid), recorded once."""
 
@@ -211,6 +271,9 @@ def describe_canonical(canonical: str) -> str:
             return f"Sleep({float(parsed[1]):.15g} s)"
         if kind == "ctx":
             return f"ctx.{parsed[1]}()"
+        if kind == "signal":
+            timeout = "" if parsed[2] is None else f", timeout={float(parsed[2]):.15g} s"
+            return f"WaitSignal({parsed[1]!r}{timeout})"
         if kind == "patch":
             return f"ctx.patched({parsed[1]!r})"
     except (ValueError, IndexError, TypeError, KeyError):

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
-from durabl import RetryPolicy, Runtime, ToolCall, tool, workflow
+from durabl import RetryPolicy, Runtime, ToolCall, WaitSignal, tool, workflow
 
 AGENT = Path(__file__).with_name("sigkill_agent.py")
 RUN_ID = "courier-1"
@@ -264,9 +264,14 @@ def prepare_states(db: Path) -> None:
     def retrying(ctx: Any) -> Any:
         return (yield ToolCall("flaky", {"n": 1}))
 
+    @workflow(name="approving")
+    def approving(ctx: Any) -> Any:
+        return (yield WaitSignal("approve", timeout=3600))
+
     policy = RetryPolicy(max_attempts=3, base_delay=3600)
     with Runtime(db, tools={"flaky": tool(flaky, mode="IDEMPOTENT", retry=policy)}) as rt:
         assert rt.run(retrying, {}, run_id="retrying").status == "SLEEPING"
+        assert rt.run(approving, {}, run_id="waiting").status == "WAITING"
 
 
 def test_every_card_state_is_drawn(tmp_path: Path, browser_page) -> None:
@@ -301,6 +306,10 @@ def test_every_card_state_is_drawn(tmp_path: Path, browser_page) -> None:
         state, _ = cards("failed")[-1]
         assert state == "failed"
 
+        state, text = cards("waiting")[-1]
+        assert state == "waiting for a signal" and "times out at" in text
+        assert 'WAITING for signal "approve" since' in page.inner_text("#run-status")
+
         state, text = cards("retrying")[-1]
         assert (
             state == "retrying" and "next attempt at" in text and "search service is down" in text
@@ -320,5 +329,9 @@ def test_every_card_state_is_drawn(tmp_path: Path, browser_page) -> None:
         page.emulate_media(color_scheme="dark")
         dark = page.evaluate("getComputedStyle(document.body).backgroundColor")
         assert light != dark
+        page.emulate_media(color_scheme="light")
+        page.select_option("#status", "WAITING")
+        expect(page.locator("#runs tbody tr")).to_have_count(1, timeout=WAIT_MS)
+        expect(page.locator("#runs tbody tr")).to_contain_text('WAITING for signal "approve" since')
     finally:
         dashboard.stop()

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from durabl import ModelCall, RetryPolicy, Runtime, Sleep, ToolCall, codec, crashpoints
+from durabl import ModelCall, RetryPolicy, Runtime, Sleep, ToolCall, WaitSignal, codec, crashpoints
 from durabl.crashpoints import CrashAt, ProcessDeath
 from durabl.errors import ModelCallFailed, ToolFailed
 from durabl.events import Event
@@ -29,6 +29,7 @@ from .histories import NAP, PLAN, RUN_ID, SEARCH, T0_S, Log
 LOOKUP = ToolCall("search", {"q": "kelp"})
 CHARGE = ToolCall("charge", {"amount": 3})
 SUMMARY = ModelCall("Summarise the otters")
+APPROVAL = WaitSignal("approve", timeout=60)
 
 
 def answer(usage: Any = None, **fields: Any) -> dict[str, Any]:
@@ -267,7 +268,8 @@ def rich_log() -> Log:
     log.started(7, LOOKUP).dispatched(7).failed(7, ToolFailed("search", "ValueError", "x", 1))
     log.started(8, CHARGE).dispatched(8).resumed().dead_lettered(8).resolved(8, {"charged": 1})
     log.started(9, SUMMARY).completed(9, answer({"input_tokens": 5, "output_tokens": 5}))
-    log.started(10, SEARCH)  # open
+    log.started(10, APPROVAL).armed(10, at(40)).completed(10, {"payload": True, "signal": 1})
+    log.started(11, SEARCH)  # open
     return log
 
 
@@ -453,3 +455,10 @@ def test_runtime_metrics_sum_over_runs_and_survive_compaction(world: Any) -> Non
             rt.compact(keep_last=keep_last)
             assert rt.metrics() == total
             assert {run_id: rt.metrics(run_id) for run_id in each} == each
+
+
+def test_a_wait_for_a_signal_is_counted_and_adds_no_step_time() -> None:
+    log = Log().started(1, APPROVAL).armed(1, at(40)).resumed()
+    log.completed(1, {"payload": "yes", "signal": 1})
+    m = figures(log)
+    assert (m.signals, m.steps, m.tool_calls, m.step_s, m.attempts) == (1, 1, 0, 0, 1)

@@ -28,6 +28,7 @@ _COMMANDS: tuple[Callable[[Commands], None], ...] = (
     operate.add_dlq,
     logs.add_replay,
     operate.add_tick,
+    operate.add_signal,
     examine.add_metrics,
     operate.add_compact,
     examine.add_doctor,

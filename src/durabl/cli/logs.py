@@ -22,12 +22,13 @@ from durabl.replay import History
 from durabl.states import RunCheck
 from durabl.store import Store, open_store
 from durabl.store.base import RunRow
-from durabl.store.reads import require_run
+from durabl.store.reads import require_run, waiting_for
 from durabl.text import counted
 
 _STATUSES = (
     events.RUNNING,
     events.SLEEPING,
+    events.WAITING,
     events.HELD,
     events.DEAD_LETTERED,
     events.COMPLETED,
@@ -151,8 +152,9 @@ def _runs(args: argparse.Namespace) -> int:
         rows = store.list_runs(
             statuses=statuses, workflow=args.workflow, limit=None if limit is None else limit + 1
         )
-    more = limit is not None and len(rows) > limit
-    rows = rows[:limit] if more else rows
+        more = limit is not None and len(rows) > limit
+        rows = rows[:limit] if more else rows
+        waits = {r.run_id: waiting_for(store, r) for r in rows if r.status == events.WAITING}
     payload = [
         {
             "run_id": r.run_id,
@@ -162,10 +164,14 @@ def _runs(args: argparse.Namespace) -> int:
             "updated_s": r.updated_s,
             "wake_at_s": r.wake_at_s,
             "error": r.error,
+            **({"waiting_for": waits[r.run_id]} if r.run_id in waits else {}),
         }
         for r in rows
     ]
-    table = [[r.run_id, r.workflow, r.status, when(r.updated_s), short(r.error)] for r in rows]
+    table = [
+        [r.run_id, r.workflow, _status(r, waits.get(r.run_id)), when(r.updated_s), short(r.error)]
+        for r in rows
+    ]
     grid = Grid(["RUN", "WORKFLOW", "STATUS", "UPDATED (UTC)", "ERROR"], table)
     emit(args, payload, grid if rows else "no runs")
     if more:
@@ -174,6 +180,14 @@ def _runs(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return EXIT_OK
+
+
+def _status(row: RunRow, wait: dict[str, Any] | None) -> str:
+    """The status, and for a waiting run what for and since when."""
+    if wait is None:
+        return row.status
+    until = "" if wait["timeout_at_s"] is None else f", times out {when(wait['timeout_at_s'])}"
+    return f"{row.status} for {wait['signal']!r} since {when(wait['since_s'])}{until}"
 
 
 @dataclass(frozen=True)

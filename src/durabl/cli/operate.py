@@ -94,6 +94,35 @@ def add_dlq(commands: Commands) -> None:
     cancel.add_argument("--reason", default="cancelled by operator", help="recorded in the log")
 
 
+def add_signal(commands: Commands) -> None:
+    p = commands.add_command(
+        "signal",
+        _signal,
+        help="send a signal (an answer from outside, e.g. an approval) to a run's WaitSignal",
+        description="Send PAYLOAD (JSON; default null) to the run, for its WaitSignal(NAME): "
+        "kept until a wait for NAME takes it, and taken once. A run waiting for it is made "
+        "due at once: a worker, or tick, drives it on. Prints the signal's number in the run.",
+        run=REQUIRED,
+        needs_db=True,
+    )
+    p.add_argument("name", metavar="NAME", help="the name the run's WaitSignal waits for")
+    p.add_argument("payload", metavar="PAYLOAD", nargs="?", default="null", help="JSON")
+
+
+def _signal(args: argparse.Namespace, rt: Runtime) -> int:
+    try:
+        payload = json.loads(args.payload)
+    except ValueError as exc:
+        raise UsageError(f"PAYLOAD is not JSON: {exc}") from None
+    number = rt.signal(args.run, args.name, payload)
+    emit(
+        args,
+        {"run_id": args.run, "name": args.name, "signal": number},
+        f"signal {args.name!r} #{number} sent to run {args.run}",
+    )
+    return EXIT_OK
+
+
 def add_tick(commands: Commands) -> None:
     p = commands.add_command(
         "tick",

@@ -167,6 +167,16 @@ class AlreadyTerminalError(InvalidStateError, refines=True):
         super().__init__(f"run {run_id} is already {status}; nothing to cancel")
 
 
+class RunEndedError(InvalidStateError, refines=True):
+    """The run has ended: no wait of it will ever take a signal."""
+
+    def __init__(self, *, run_id: str, status: str) -> None:
+        self.run_id, self.status = run_id, status
+        super().__init__(
+            f"run {run_id} is already {status}: no wait of it can take a signal any more"
+        )
+
+
 class EffectAlreadyRecordedError(InvalidStateError, refines=True):
     """The dead-lettered step's key already has a recorded effect: redrive the run instead."""
 

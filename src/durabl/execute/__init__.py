@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from durabl.execute import ctx, model, timer, tool
+from durabl.execute import ctx, model, signal, timer, tool
 from durabl.execute.base import Executor, Services, StepCall
-from durabl.steps import CtxValue, ModelCall, PatchMarker, Sleep, Step, ToolCall
+from durabl.steps import CtxValue, ModelCall, PatchMarker, Sleep, Step, ToolCall, WaitSignal
 
 EXECUTORS: dict[type[Step], Executor] = {
     ModelCall: model.execute,
     ToolCall: tool.execute,
     Sleep: timer.execute,
+    WaitSignal: signal.execute,
     CtxValue: ctx.execute,
     PatchMarker: ctx.execute,  # recorded as a ctx value whose value is the patch id
 }

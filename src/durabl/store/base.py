@@ -92,6 +92,22 @@ class Commit:
     durable: bool = False
     at_s: float = 0.0
     fence: int | None = None
+    deliver_signal: int | None = None
+    """The id of the run's signal this commit delivers (to the step it completes), once."""
+    wake_on_signal: str | None = None
+    """A wait being parked for signals of this name: if one is pending when the commit lands,
+    the run's timer is set to ``at_s`` (due now) instead."""
+
+
+@dataclass(slots=True, frozen=True, kw_only=True)
+class Signal:
+    """An answer from outside, sent to a run for the waits of one name."""
+
+    id: int
+    name: str
+    payload_text: str
+    sent_s: float
+    delivered_step: int | None = None
 
 
 class Store(Protocol):
@@ -138,6 +154,18 @@ class Store(Protocol):
         returns. With a ``fence``, the whole commit is refused with ``LeaseLost`` unless the
         run's lease token is still ``fence``.
         """
+
+    def send_signal(self, run_id: str, name: str, payload_text: str, sent_s: float) -> int:
+        """Keep a signal for the run, durably, in ONE transaction with its wake-up: a run
+        waiting (status WAITING) is made due at ``sent_s``. Returns the signal's id (1, 2, ...
+        per run). ``RunNotFoundError`` if there is no such run, ``AlreadyTerminalError`` if it
+        has ended; nothing is written then."""
+
+    def pending_signal(self, run_id: str, name: str) -> Signal | None:
+        """The run's oldest signal of this name not yet delivered, or None."""
+
+    def signals(self, run_id: str) -> list[Signal]:
+        """Every signal sent to the run, in the order sent."""
 
     def side_effect(self, key: str) -> SideEffect | None:
         """The recorded side effect for an idempotency key, or None."""

@@ -36,7 +36,10 @@ _TERMINAL_OF = {
     events.FAILED: events.RUN_FAILED,
     events.CANCELLED: events.RUN_CANCELLED,
 }
-_STATUSES = {events.RUNNING, events.SLEEPING, events.HELD, events.DEAD_LETTERED, *_TERMINAL_OF}
+_STATUSES = {
+    *(events.RUNNING, events.SLEEPING, events.WAITING, events.HELD, events.DEAD_LETTERED),
+    *_TERMINAL_OF,
+}
 
 
 @dataclass(frozen=True, slots=True)

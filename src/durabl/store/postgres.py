@@ -55,7 +55,7 @@ from durabl.errors import (
     UninitialisedError,
 )
 from durabl.events import Event
-from durabl.store.base import UNCHANGED, Commit, KeyClaim, Lease, RunRow, SideEffect
+from durabl.store.base import UNCHANGED, Commit, KeyClaim, Lease, RunRow, SideEffect, Signal
 from durabl.store.records import NO_LEASE, parameters_of, run_row
 from durabl.store.schema import load_migrations, load_queries
 from durabl.store.sqlite import check_durability
@@ -67,7 +67,7 @@ logger = logging.getLogger("durabl.store")
 PQ = load_queries("postgres_queries.sql")
 MIGRATIONS = load_migrations("postgres")
 SCHEMA_VERSION = MIGRATIONS[-1][0]
-DURABL_TABLES = ("events", "key_claims", "meta", "runs", "side_effects", "snapshots")
+DURABL_TABLES = ("events", "key_claims", "meta", "runs", "side_effects", "signals", "snapshots")
 
 MIGRATION_LOCK = 0x64726231
 """The advisory lock that keeps two processes opening a new database from migrating it twice."""
@@ -500,6 +500,10 @@ class PostgresStore:
                 conn.execute(PQ["upsert_claim"], parameters_of(commit.claim, at_s=commit.at_s))
             if commit.release_claim is not None:
                 conn.execute(PQ["delete_claim"], {"idempotency_key": commit.release_claim})
+            if commit.deliver_signal is not None:
+                step = commit.events[-1].step if commit.events else 0
+                delivering = {"run_id": run_id, "id": commit.deliver_signal, "step": step}
+                conn.execute(PQ["deliver_signal"], delivering)
             set_wake = commit.wake_at_s != UNCHANGED
             fenced_alone = fence is not None and not commit.events
             if (
@@ -519,6 +523,12 @@ class PostgresStore:
                 changed = conn.execute(PQ["update_run"], update).rowcount
                 if fenced_alone and changed == 0:
                     raise LeaseLost(run_id=run_id, token=fence)
+            if commit.wake_on_signal is not None:
+                # Its own statement, after the row is locked by the append or the update above:
+                # it reads the signals as they are once a signal being sent (which locks the row
+                # first) has committed.
+                waking = {"run_id": run_id, "name": commit.wake_on_signal, "at_s": commit.at_s}
+                conn.execute(PQ["wake_on_signal"], waking)
 
         landed = None
         if commit.events:
@@ -546,7 +556,7 @@ class PostgresStore:
                 write=True,
                 durable=commit.durable,
                 landed=landed,
-                pipelined=bool(commit.events),
+                pipelined=bool(commit.events) and commit.wake_on_signal is None,
             )
         except PostgresError as exc:
             if effect is not None and exc.constraint == "side_effects_pkey":
@@ -554,6 +564,48 @@ class PostgresStore:
                     path=self.path, key=effect.key, run_id=effect.run_id, step=effect.step
                 ) from None
             raise
+
+    def send_signal(self, run_id: str, name: str, payload_text: str, sent_s: float) -> int:
+        from durabl.store.sqlite import check_signal_target
+
+        sending = {"run_id": run_id, "name": name, "payload": payload_text, "sent_s": sent_s}
+
+        def work(conn: psycopg.Connection[Any]) -> int:
+            check_signal_target(
+                self.path, run_id, conn.execute(PQ["signal_target"], sending).fetchone()
+            )
+            found = conn.execute(PQ["insert_signal"], sending).fetchone()
+            conn.execute(PQ["wake_waiting"], sending)
+            return int(found[0]) if found else 0
+
+        def landed(conn: psycopg.Connection[Any]) -> tuple[bool, int]:
+            for signal in self._signals(conn, run_id):
+                if (signal.name, signal.payload_text, signal.sent_s) == (
+                    name,
+                    payload_text,
+                    sent_s,
+                ):
+                    return True, signal.id
+            return False, 0
+
+        return self._do(work, write=True, durable=True, landed=landed)
+
+    def _signals(self, conn: psycopg.Connection[Any], run_id: str) -> list[Signal]:
+        rows = conn.execute(PQ["list_signals"], {"run_id": run_id}).fetchall()
+        return [
+            Signal(id=i, name=n, payload_text=p, sent_s=s, delivered_step=d)
+            for i, n, p, s, d in rows
+        ]
+
+    def pending_signal(self, run_id: str, name: str) -> Signal | None:
+        whose = {"run_id": run_id, "name": name}
+        found = self._do(lambda conn: conn.execute(PQ["pending_signal"], whose).fetchone())
+        if found is None:
+            return None
+        return Signal(id=found[0], name=name, payload_text=found[1], sent_s=found[2])
+
+    def signals(self, run_id: str) -> list[Signal]:
+        return self._do(lambda conn: self._signals(conn, run_id))
 
     def side_effect(self, key: str) -> SideEffect | None:
         def work(conn: psycopg.Connection[Any]) -> SideEffect | None:

@@ -25,6 +25,7 @@ import os
 import sqlite3
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 from durabl import codec
 from durabl.errors import (
@@ -32,12 +33,14 @@ from durabl.errors import (
     EventChecksumError,
     LeaseLost,
     NoRunToCompactError,
+    RunEndedError,
+    RunNotFoundError,
     SideEffectExistsError,
     SnapshotChecksumError,
     StoreClosedError,
 )
 from durabl.events import Event
-from durabl.store.base import UNCHANGED, Commit, KeyClaim, Lease, RunRow, SideEffect
+from durabl.store.base import UNCHANGED, Commit, KeyClaim, Lease, RunRow, SideEffect, Signal
 from durabl.store.connection import open_database
 from durabl.store.files import file_bytes
 from durabl.store.records import (
@@ -54,6 +57,10 @@ from durabl.store.sqlite_errors import duplicate_key, storage_error
 __all__ = ["APPLICATION_ID", "MIGRATIONS", "SCHEMA_VERSION", "Q", "SQLiteStore"]
 
 DURABILITY_MODES = ("full", "process")
+
+_UNCOUNTED = frozenset({"wake_on_signal"})
+"""Statements that may change no row in a commit whose fence held: they come after the run
+row's update, whose count tells whether it did."""
 
 
 def check_durability(durability: str) -> None:
@@ -221,6 +228,10 @@ class SQLiteStore:
             statements.append(("upsert_claim", parameters_of(commit.claim, at_s=commit.at_s)))
         if commit.release_claim is not None:
             statements.append(("delete_claim", {"idempotency_key": commit.release_claim}))
+        if commit.deliver_signal is not None:
+            step = commit.events[-1].step if commit.events else 0
+            delivering = {"run_id": run_id, "id": commit.deliver_signal, "step": step}
+            statements.append(("deliver_signal", delivering))
         set_wake = commit.wake_at_s != UNCHANGED
         if (
             commit.status is not None
@@ -237,6 +248,12 @@ class SQLiteStore:
                 updated_s=commit.at_s,
             )
             statements.append(("update_run", update))
+        if commit.wake_on_signal is not None:
+            # After the row's update, whose changed-row count the fence check reads: the
+            # commit of a parked wait always writes events or a status, so it is not fenced by
+            # that count.
+            waking = {"run_id": run_id, "name": commit.wake_on_signal, "at_s": commit.at_s}
+            statements.append(("wake_on_signal", waking))
         return statements
 
     def _apply(self, statements: list[Statement], durable: bool) -> int:
@@ -275,7 +292,7 @@ class SQLiteStore:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
                     for statement in statements:
-                        changed = self._execute(conn, statement)
+                        changed = self._counted(conn, statement, changed)
                     conn.execute("COMMIT")
                 except BaseException:
                     if conn.in_transaction:
@@ -347,13 +364,19 @@ class SQLiteStore:
         conn.execute("SAVEPOINT one_commit")
         try:
             for statement in pending.statements:
-                pending.changed = self._execute(conn, statement)
+                pending.changed = self._counted(conn, statement, pending.changed)
         except DurablError as refused:
             conn.execute("ROLLBACK TO one_commit")
             conn.execute("RELEASE one_commit")
             pending.fail(refused)
             return
         conn.execute("RELEASE one_commit")
+
+    def _counted(self, conn: sqlite3.Connection, statement: Statement, changed: int) -> int:
+        """Execute ``statement``; the rows it changed, which the fence check reads, unless it
+        is one whose count means nothing to that check (``_UNCOUNTED``): then ``changed``."""
+        found = self._execute(conn, statement)
+        return changed if statement[0] in _UNCOUNTED else found
 
     def _execute(self, conn: sqlite3.Connection, statement: Statement) -> int:
         name, params = statement
@@ -392,6 +415,27 @@ class SQLiteStore:
 
     def release_lease(self, run_id: str, token: int) -> None:
         self._apply([("release_lease", {"run_id": run_id, "lease_token": token})], durable=False)
+
+    def send_signal(self, run_id: str, name: str, payload_text: str, sent_s: float) -> int:
+        sending = {"run_id": run_id, "name": name, "payload": payload_text, "sent_s": sent_s}
+        with self._write(durable=True) as conn:
+            found = conn.execute(Q["signal_target"], sending).fetchone()
+            check_signal_target(self.path, run_id, found)
+            signal_id = int(conn.execute(Q["insert_signal"], sending).fetchone()[0])
+            conn.execute(Q["wake_waiting"], sending)
+        return signal_id
+
+    def pending_signal(self, run_id: str, name: str) -> Signal | None:
+        with self._read() as conn:
+            found = conn.execute(Q["pending_signal"], {"run_id": run_id, "name": name}).fetchone()
+        if found is None:
+            return None
+        return Signal(id=found[0], name=name, payload_text=found[1], sent_s=found[2])
+
+    def signals(self, run_id: str) -> list[Signal]:
+        with self._read() as conn:
+            rows = conn.execute(Q["list_signals"], {"run_id": run_id}).fetchall()
+        return [_signal(row) for row in rows]
 
     def side_effect(self, key: str) -> SideEffect | None:
         with self._read() as conn:
@@ -482,6 +526,22 @@ def _insert_events_sql(rows: int) -> str:
     head, _, _ = one.partition("VALUES")
     row = "(" + ", ".join("?" * one.count("?")) + ")"
     return f"{head}VALUES {', '.join([row] * rows)}"
+
+
+def _signal(row: tuple[Any, ...]) -> Signal:
+    signal_id, name, payload, sent_s, delivered = row
+    return Signal(
+        id=signal_id, name=name, payload_text=payload, sent_s=sent_s, delivered_step=delivered
+    )
+
+
+def check_signal_target(path: str, run_id: str, found: Any) -> None:
+    """A signal goes to a run that exists and has not ended."""
+    if found is None:
+        raise RunNotFoundError(run_id=run_id, path=path)
+    status = found[0]
+    if status in ("COMPLETED", "FAILED", "CANCELLED"):
+        raise RunEndedError(run_id=run_id, status=status)
 
 
 def _me() -> int:

@@ -45,6 +45,8 @@ TRIGGER_ERRORS: dict[str, Callable[..., DurablError]] = {
     "side_effects_never_overwritten": HistoryRewriteError,
     "side_effects_never_deleted": HistoryRewriteError,
     "runs_watermark_only_grows": HistoryRewriteError,
+    "signals_delivered_once": HistoryRewriteError,
+    "signals_never_deleted": HistoryRewriteError,
 }
 """Every trigger of the shipped migrations, and what its refusal raises."""
 

@@ -31,6 +31,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from durabl import events, leases
 from durabl.errors import DurablError
 from durabl.store import Store, is_postgres_url, open_store
+from durabl.store.reads import waiting_for
 
 STATIC = {
     "/": ("index.html", "text/html; charset=utf-8"),
@@ -42,7 +43,7 @@ MAX_PAGE = 200
 MAX_EVENTS = 5000
 """Events per answer: a page catching up on a long run asks again from the last seq it got."""
 STATUSES = (
-    events.RUNNING, events.SLEEPING, events.HELD, events.COMPLETED,
+    events.RUNNING, events.SLEEPING, events.WAITING, events.HELD, events.COMPLETED,
     events.FAILED, events.DEAD_LETTERED, events.CANCELLED,
 )  # fmt: skip
 _RUN_PATH = re.compile(r"^/api/runs/([^/]+)$")
@@ -154,7 +155,14 @@ def list_runs(reader: Reader, query: dict[str, list[str]], now_s: float) -> dict
     def work(store: Store) -> dict[str, Any]:
         rows = store.list_runs(statuses=(status,) if status else None, limit=offset + limit + 1)
         page = rows[offset : offset + limit]
-        runs = [{**_run_json(r, now_s), "steps": store.last_step(r.run_id)} for r in page]
+        runs = [
+            {
+                **_run_json(r, now_s),
+                "steps": store.last_step(r.run_id),
+                "waiting_for": waiting_for(store, r),
+            }
+            for r in page
+        ]
         more = len(rows) > offset + limit
         return {"runs": runs, "offset": offset, "next_offset": offset + limit if more else None}
 
@@ -173,7 +181,7 @@ def run_events(
             raise NotFound(f"no run {run_id!r} in {reader.path}")
         log = store.load_log(run_id, after_seq=max(after, row.watermark))[:MAX_EVENTS]
         return {
-            "run": _run_json(row, now_s),
+            "run": {**_run_json(row, now_s), "waiting_for": waiting_for(store, row)},
             "compacted": row.watermark if after < row.watermark else 0,
             "events": [
                 {

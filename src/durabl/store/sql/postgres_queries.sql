@@ -196,3 +196,37 @@ UNION ALL
 SELECT 'snapshots', run_id, run_id FROM durabl.snapshots
 WHERE run_id NOT IN (SELECT run_id FROM durabl.runs)
 ORDER BY 1, 2;
+
+-- name: signal_target
+-- Locks the run's row: a wait being parked and a signal being sent are put in order, so that
+-- one of them always sees the other (see wake_on_signal).
+SELECT status FROM durabl.runs WHERE run_id = %(run_id)s FOR UPDATE;
+
+-- name: insert_signal
+INSERT INTO durabl.signals (run_id, id, name, payload, sent_s, delivered_step)
+VALUES (%(run_id)s,
+        (SELECT COALESCE(MAX(id), 0) + 1 FROM durabl.signals WHERE run_id = %(run_id)s),
+        %(name)s, %(payload)s, %(sent_s)s, NULL)
+RETURNING id;
+
+-- name: wake_waiting
+UPDATE durabl.runs SET wake_at_s = %(sent_s)s
+WHERE run_id = %(run_id)s AND status = 'WAITING';
+
+-- name: pending_signal
+SELECT id, payload, sent_s FROM durabl.signals
+WHERE run_id = %(run_id)s AND name = %(name)s AND delivered_step IS NULL ORDER BY id LIMIT 1;
+
+-- name: deliver_signal
+UPDATE durabl.signals SET delivered_step = %(step)s
+WHERE run_id = %(run_id)s AND id = %(id)s AND delivered_step IS NULL;
+
+-- name: wake_on_signal
+UPDATE durabl.runs SET wake_at_s = %(at_s)s
+WHERE run_id = %(run_id)s AND EXISTS (
+    SELECT 1 FROM durabl.signals
+    WHERE run_id = %(run_id)s AND name = %(name)s AND delivered_step IS NULL);
+
+-- name: list_signals
+SELECT id, name, payload, sent_s, delivered_step FROM durabl.signals
+WHERE run_id = %(run_id)s ORDER BY id;

@@ -159,3 +159,35 @@ UNION ALL
 SELECT 'snapshots', run_id, run_id FROM snapshots
 WHERE run_id NOT IN (SELECT run_id FROM runs)
 ORDER BY 1, 2;
+
+-- name: signal_target
+-- The run a signal is sent to, read first so that its status decides in the same transaction.
+SELECT status FROM runs WHERE run_id = :run_id;
+
+-- name: insert_signal
+INSERT INTO signals (run_id, id, name, payload, sent_s, delivered_step)
+VALUES (:run_id, (SELECT COALESCE(MAX(id), 0) + 1 FROM signals WHERE run_id = :run_id), :name,
+        :payload, :sent_s, NULL)
+RETURNING id;
+
+-- name: wake_waiting
+-- A run waiting for a signal is due at once when one is sent: whoever fires due timers drives it.
+UPDATE runs SET wake_at_s = :sent_s WHERE run_id = :run_id AND status = 'WAITING';
+
+-- name: pending_signal
+SELECT id, payload, sent_s FROM signals
+WHERE run_id = :run_id AND name = :name AND delivered_step IS NULL ORDER BY id LIMIT 1;
+
+-- name: deliver_signal
+UPDATE signals SET delivered_step = :step
+WHERE run_id = :run_id AND id = :id AND delivered_step IS NULL;
+
+-- name: wake_on_signal
+-- Run last in the commit that parks a wait: a signal sent while the wait was being recorded
+-- makes the run due now instead of leaving it waiting for what it already has.
+UPDATE runs SET wake_at_s = :at_s
+WHERE run_id = :run_id AND EXISTS (
+    SELECT 1 FROM signals WHERE run_id = :run_id AND name = :name AND delivered_step IS NULL);
+
+-- name: list_signals
+SELECT id, name, payload, sent_s, delivered_step FROM signals WHERE run_id = :run_id ORDER BY id;

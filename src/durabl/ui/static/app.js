@@ -80,7 +80,7 @@ function drawList(page) {
     const link = document.createElement("a");
     link.href = `#run=${encodeURIComponent(run.run_id)}`;
     link.textContent = run.run_id;
-    const cells = [link, run.status, run.workflow, String(run.steps), age(run.updated_s)];
+    const cells = [link, statusOf(run), run.workflow, String(run.steps), age(run.updated_s)];
     for (const cell of cells) {
       const td = document.createElement(cell === link ? "th" : "td");
       if (cell === link) td.scope = "row";
@@ -108,7 +108,16 @@ function describe(kind, data) {
   if (what === "model") return `model call: ${short(rest[0])}`;
   if (what === "tool") return `tool ${rest[0]}(${short(rest[1])})`;
   if (what === "sleep") return `sleep ${rest[0]} s`;
+  if (what === "signal") return `wait for signal "${rest[0]}"${rest[1] == null ? "" : `, up to ${rest[1]} s`}`;
   return `${what} ${short(rest)}`;
+}
+
+// A waiting run says what it waits for and since when, in the list and on its own page.
+function statusOf(run) {
+  const w = run.waiting_for;
+  if (!w) return run.status;
+  const until = w.timeout_at_s == null ? "" : `, times out ${clock(w.timeout_at_s)}`;
+  return `${run.status} for signal "${w.signal}" since ${clock(w.since_s)}${until}`;
 }
 
 function short(value, n = 110) {
@@ -157,8 +166,9 @@ function fold(v, e) {
       const c = card(v, e.step);
       c.kind = Array.isArray(d) ? d[0] : "";
       c.text = describe(e.kind, d);
+      if (c.kind === "signal") c.signal = true;
       c.attempts += 1;
-      c.state = "started";
+      c.state = c.signal ? "waiting" : "started";
       break;
     }
     case "TOOL_DISPATCHED": card(v, e.step).state = "dispatched"; break;
@@ -251,7 +261,9 @@ function shown(v, c) {
         v.live ? "control is in the tool; a crash now cannot tell whether it ran"
           : "the process died inside the tool: it ran zero or one times (IDEMPOTENT tools are called again, AT_MOST_ONCE ones dead-lettered)"];
     case "retrying": return ["s-retrying", "retrying", `next attempt at ${clock(c.retryAt)}; ${c.error}`];
-    case "waiting": return ["s-waiting", "sleeping", `timer due at ${clock(c.dueAt)}`];
+    case "waiting": return c.signal
+      ? ["s-waiting", "waiting for a signal", c.dueAt ? `times out at ${clock(c.dueAt)}` : "no timeout"]
+      : ["s-waiting", "sleeping", `timer due at ${clock(c.dueAt)}`];
     case "failed": return ["s-failed", "failed", c.error];
     case "dead": return ["s-dead", "dead-lettered", OPERATOR(v.runId)];
     default: return ["s-pending", c.state, ""];
@@ -343,7 +355,7 @@ function drawHeld(v, ol) {
 function drawSummary(v) {
   const row = v.row;
   $("run-title").textContent = `Run ${v.runId}`;
-  const bits = [row.status, row.workflow];
+  const bits = [statusOf(row), row.workflow];
   if (v.live && row.owner) bits.push(`driven by pid ${row.owner.pid}`);
   if (v.compacted) bits.push(`seqs 1..${v.compacted} compacted into a snapshot`);
   if (row.error) bits.push(row.error);
