@@ -44,9 +44,10 @@ ARGUMENTS = {  # what a command needs besides its name, by its words
     "worker": ["--poll", "0.1"],
     "ui": ["--port", "0"],
     "migrate": ["--to", "TARGET"],  # each placement's own new PostgreSQL database
+    "signal": ["running", "approve", '{"by": "ana"}'],
 }
 IMPORTING = {  # the commands that load the --import modules (the others only read)
-    *("worker", "resume", "replay", "tick", "compact", "check"),
+    *("worker", "resume", "replay", "tick", "compact", "check", "signal"),
     *("dlq redrive", "dlq resolve", "dlq cancel"),
 }
 MODULES = ("cli_agents", "cli_imported")
