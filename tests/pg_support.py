@@ -33,7 +33,7 @@ HOST, PORT = "127.0.0.1", 5432
 SERVER = f"postgresql://{HOST}:{PORT}"
 ADMIN_URL = f"{SERVER}/postgres"
 PREFIX = "durabl_t"
-DURABL_TABLES = ("runs", "events", "side_effects", "key_claims", "snapshots")
+DURABL_TABLES = ("runs", "events", "side_effects", "key_claims", "snapshots", "signals")
 
 _admins: dict[int, psycopg.Connection[Any]] = {}
 """One administrative connection per process: a forked child must never talk on its parent's

@@ -158,8 +158,8 @@ class Store(Protocol):
     def send_signal(self, run_id: str, name: str, payload_text: str, sent_s: float) -> int:
         """Keep a signal for the run, durably, in ONE transaction with its wake-up: a run
         waiting (status WAITING) is made due at ``sent_s``. Returns the signal's id (1, 2, ...
-        per run). ``RunNotFoundError`` if there is no such run, ``AlreadyTerminalError`` if it
-        has ended; nothing is written then."""
+        per run). ``RunNotFoundError`` if there is no such run, ``RunEndedError`` if it has
+        ended; nothing is written then."""
 
     def pending_signal(self, run_id: str, name: str) -> Signal | None:
         """The run's oldest signal of this name not yet delivered, or None."""

@@ -386,9 +386,14 @@ class SQLiteStore:
             sql, bind = NUMBERED[name]
             values = bind(params)
         try:
-            return conn.execute(sql, values).rowcount
+            changed = conn.execute(sql, values).rowcount
         except sqlite3.IntegrityError as exc:
             raise self._refused(statement, exc) from None
+        if name == "update_run" and changed == 0 and params.get("fence") is not None:
+            # Refused inside the transaction, so that nothing else of the commit lands: a
+            # commit that appends events is refused by the append trigger instead.
+            raise LeaseLost(run_id=params["run_id"], token=params["fence"])
+        return changed
 
     def _refused(self, statement: Statement, exc: sqlite3.IntegrityError) -> DurablError:
         """What a constraint's refusal of ``statement`` means: a second side effect for one

@@ -195,6 +195,9 @@ WHERE run_id NOT IN (SELECT run_id FROM durabl.runs)
 UNION ALL
 SELECT 'snapshots', run_id, run_id FROM durabl.snapshots
 WHERE run_id NOT IN (SELECT run_id FROM durabl.runs)
+UNION ALL
+SELECT 'signals', CAST(id AS TEXT), run_id FROM durabl.signals
+WHERE run_id NOT IN (SELECT run_id FROM durabl.runs)
 ORDER BY 1, 2;
 
 -- name: signal_target
@@ -218,8 +221,8 @@ SELECT id, payload, sent_s FROM durabl.signals
 WHERE run_id = %(run_id)s AND name = %(name)s AND delivered_step IS NULL ORDER BY id LIMIT 1;
 
 -- name: deliver_signal
-UPDATE durabl.signals SET delivered_step = %(step)s
-WHERE run_id = %(run_id)s AND id = %(id)s AND delivered_step IS NULL;
+-- A signal delivered already is refused by signals_delivered_once, which this must reach.
+UPDATE durabl.signals SET delivered_step = %(step)s WHERE run_id = %(run_id)s AND id = %(id)s;
 
 -- name: wake_on_signal
 UPDATE durabl.runs SET wake_at_s = %(at_s)s

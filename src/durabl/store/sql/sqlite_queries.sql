@@ -158,6 +158,9 @@ WHERE run_id NOT IN (SELECT run_id FROM runs)
 UNION ALL
 SELECT 'snapshots', run_id, run_id FROM snapshots
 WHERE run_id NOT IN (SELECT run_id FROM runs)
+UNION ALL
+SELECT 'signals', CAST(id AS TEXT), run_id FROM signals
+WHERE run_id NOT IN (SELECT run_id FROM runs)
 ORDER BY 1, 2;
 
 -- name: signal_target
@@ -179,8 +182,8 @@ SELECT id, payload, sent_s FROM signals
 WHERE run_id = :run_id AND name = :name AND delivered_step IS NULL ORDER BY id LIMIT 1;
 
 -- name: deliver_signal
-UPDATE signals SET delivered_step = :step
-WHERE run_id = :run_id AND id = :id AND delivered_step IS NULL;
+-- A signal delivered already is refused by signals_delivered_once, which this must reach.
+UPDATE signals SET delivered_step = :step WHERE run_id = :run_id AND id = :id;
 
 -- name: wake_on_signal
 -- Run last in the commit that parks a wait: a signal sent while the wait was being recorded
