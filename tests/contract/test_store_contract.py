@@ -43,14 +43,17 @@ from durabl.errors import (
     HistoryRewriteError,
     LeaseLost,
     LogGapError,
+    RunEndedError,
+    RunNotFoundError,
     SideEffectExistsError,
 )
 from durabl.events import Event
 from durabl.store import Commit, KeyClaim, RunRow, SideEffect, SQLiteStore, Store
 from durabl.store import postgres as pg
-from durabl.store.base import UNCHANGED, Lease
+from durabl.store.base import UNCHANGED, Lease, Signal
 from durabl.store.postgres import PostgresStore
 from durabl.store.sqlite import APPLICATION_ID, SCHEMA_VERSION, Q
+from durabl.store.sqlite_errors import storage_error
 
 T0_S = 1_700_000_000.0
 
@@ -276,7 +279,26 @@ def state_of(store: Store, run_id: str, keys: tuple[str, ...] = ()) -> tuple[Any
         [store.side_effect(key) for key in keys],
         [store.key_claim(key) for key in keys],
         store.due_runs(float("inf")),
+        store.signals(run_id),
     )
+
+
+def signal(signal_id: int, name: str = "approve", delivered_step: int | None = None) -> Signal:
+    """The signal ``send(store, run_id, name, signal_id)`` keeps, as ``signals`` reads it."""
+    return Signal(
+        id=signal_id,
+        name=name,
+        payload_text=codec.encode({"n": signal_id}),
+        sent_s=T0_S + 100 + signal_id,
+        delivered_step=delivered_step,
+    )
+
+
+def send(store: Store, run_id: str, name: str, signal_id: int) -> int:
+    """Send the signal ``signal(signal_id, name)`` describes: its payload and time come from
+    the id it is expected to get, so that a read-back compares whole records."""
+    kept = signal(signal_id, name)
+    return store.send_signal(run_id, name, kept.payload_text, kept.sent_s)
 
 
 # -- the contract ----------------------------------------------------------------------------
@@ -929,6 +951,239 @@ class TestStoreContract:
         with pytest.raises(StorageError, match="closed"):
             use(store)
 
+    # -- signals ---------------------------------------------------------------------------
+
+    def test_signals_are_numbered_per_run_and_read_back_in_the_order_sent(
+        self, store: Store
+    ) -> None:
+        new_run(store, "run-1")
+        new_run(store, "run-2", created_s=T0_S + 1)
+        assert [send(store, "run-1", name, n) for n, name in enumerate("aba", 1)] == [1, 2, 3]
+        assert send(store, "run-2", "a", 1) == 1  # ids count per run, not per database
+        assert store.signals("run-1") == [signal(1, "a"), signal(2, "b"), signal(3, "a")]
+        assert store.signals("run-2") == [signal(1, "a")]
+        assert store.signals("nope") == []
+
+    def test_pending_signal_is_the_oldest_of_its_name_not_yet_delivered(self, store: Store) -> None:
+        new_run(store)
+        for n, name in enumerate("aba", 1):
+            send(store, "run-1", name, n)
+        assert store.pending_signal("run-1", "a") == signal(1, "a")
+        assert store.pending_signal("run-1", "b") == signal(2, "b")
+        assert store.pending_signal("run-1", "c") is None
+        assert store.pending_signal("nope", "a") is None
+        store.commit(Commit("run-1", [event(2), event(3, events.STEP_COMPLETED)], deliver_signal=1))
+        assert store.pending_signal("run-1", "a") == signal(3, "a")
+        store.commit(Commit("run-1", [event(4, events.STEP_COMPLETED, 2)], deliver_signal=3))
+        assert store.pending_signal("run-1", "a") is None
+        assert store.pending_signal("run-1", "b") == signal(2, "b")
+
+    def test_a_delivery_marks_the_signal_with_the_step_of_the_commits_last_event(
+        self, store: Store
+    ) -> None:
+        """The step the signal answers is the wait's, which the commit's last event (its
+        completion) names, whatever the events before it in the same commit are."""
+        new_run(store)
+        send(store, "run-1", "approve", 1)
+        opening = [Event(2, events.RUN_RESUMED, 0, None, "{}", T0_S + 2), event(3, step=4)]
+        completion = event(4, events.STEP_COMPLETED, step=4)
+        store.commit(Commit("run-1", [*opening, completion], deliver_signal=1, durable=True))
+        assert store.signals("run-1") == [signal(1, delivered_step=4)]
+        assert store.load_log("run-1")[1:] == [*opening, completion]
+
+    def test_a_signal_delivered_again_is_refused_and_its_commit_leaves_nothing(
+        self, store: Store
+    ) -> None:
+        new_run(store)
+        send(store, "run-1", "approve", 1)
+        store.commit(Commit("run-1", [event(2), event(3, events.STEP_COMPLETED)], deliver_signal=1))
+        keys = ("k-1",)
+        before = state_of(store, "run-1", keys)
+        with pytest.raises(HistoryRewriteError):
+            store.commit(
+                Commit(
+                    "run-1",
+                    [event(4, events.STEP_COMPLETED, step=2)],
+                    status=events.COMPLETED,
+                    result_text='"approved twice"',
+                    side_effect=effect("k-1", step=2),
+                    claim=claim("k-1", step=2),
+                    deliver_signal=1,
+                    durable=True,
+                    at_s=T0_S + 9,
+                )
+            )
+        assert state_of(store, "run-1", keys) == before
+        assert store.signals("run-1") == [signal(1, delivered_step=1)]
+
+    @pytest.mark.parametrize("status", sorted(events.TERMINAL_STATUSES))
+    def test_a_signal_to_a_missing_or_ended_run_is_refused_and_writes_nothing(
+        self, store: Store, status: str
+    ) -> None:
+        with pytest.raises(RunNotFoundError, match="'nope'"):
+            send(store, "nope", "approve", 1)
+        assert store.signals("nope") == []
+        assert store.get_run("nope") is None
+        new_run(store)
+        store.commit(Commit("run-1", [event(2)], status=status, wake_at_s=None))
+        before = state_of(store, "run-1")
+        with pytest.raises(RunEndedError, match=f"run run-1 is already {status}"):
+            send(store, "run-1", "approve", 1)
+        assert state_of(store, "run-1") == before
+        assert store.pending_signal("run-1", "approve") is None
+
+    def test_a_signal_makes_a_waiting_run_due_when_sent_and_leaves_other_timers_alone(
+        self, store: Store
+    ) -> None:
+        timers = {
+            events.WAITING: T0_S + 3600,
+            events.SLEEPING: T0_S + 3000,
+            events.RUNNING: None,
+            events.HELD: None,
+            events.DEAD_LETTERED: None,
+        }
+        for n, (status, wake_at_s) in enumerate(timers.items()):
+            new_run(store, status, created_s=T0_S + n, status=status)
+            if wake_at_s is not None:
+                store.commit(Commit(status, [], wake_at_s=wake_at_s))
+        for status in timers:
+            assert send(store, status, "approve", 1) == 1
+        sent_s = signal(1).sent_s
+        assert {s: row_of(store, s).wake_at_s for s in timers} == {
+            **timers,
+            events.WAITING: sent_s,
+        }
+        assert store.due_runs(sent_s) == [events.WAITING]
+        assert {row_of(store, s).status for s in timers} == set(timers)
+
+    def test_parking_a_wait_makes_the_run_due_only_for_a_pending_signal_of_its_name(
+        self, store: Store
+    ) -> None:
+        """The race the parking commit closes: a signal sent while the run was RUNNING (so
+        that sending it woke nothing) is found pending when the wait parks."""
+        new_run(store)
+        deadline_s = T0_S + 3600
+
+        def park(at_s: float, appended: list[Event] | None = None) -> float | None:
+            store.commit(
+                Commit(
+                    "run-1",
+                    appended or [],
+                    status=events.WAITING,
+                    wake_at_s=deadline_s,
+                    wake_on_signal="approve",
+                    at_s=at_s,
+                )
+            )
+            found = row_of(store, "run-1")
+            store.commit(Commit("run-1", [], status=events.RUNNING, wake_at_s=None))
+            return found.wake_at_s
+
+        assert park(T0_S + 1, [event(2)]) == deadline_s  # no signal at all
+        send(store, "run-1", "other", 1)
+        assert park(T0_S + 2) == deadline_s  # a signal of another name
+        send(store, "run-1", "approve", 2)
+        assert park(T0_S + 3) == T0_S + 3  # its own: due at once, without events...
+        assert park(T0_S + 4, [event(3)]) == T0_S + 4  # ...and with them
+        store.commit(Commit("run-1", [event(4, events.STEP_COMPLETED)], deliver_signal=2))
+        assert park(T0_S + 5) == deadline_s  # once delivered it is no longer pending
+        assert [s.delivered_step for s in store.signals("run-1")] == [None, 1]
+
+    @pytest.mark.parametrize("pending", [False, True], ids=["no-signal", "signal-pending"])
+    @pytest.mark.parametrize("stale", [-1, 1], ids=["older-token", "newer-token"])
+    def test_a_parking_commit_with_a_stale_token_is_refused_whole(
+        self, store: Store, pending: bool, stale: int
+    ) -> None:
+        """Only a status and ``wake_on_signal``: no event to carry the fence, so the run row's
+        update alone tells whether it held, and the wake-up must not count as that update."""
+        new_run(store)
+        token = store.take_lease("run-1", 0, lease("me"))
+        assert token == 1
+        if pending:
+            send(store, "run-1", "approve", 1)
+        before = state_of(store, "run-1")
+        parked = Commit(
+            "run-1",
+            status=events.WAITING,
+            wake_on_signal="approve",
+            at_s=T0_S + 7,
+            fence=token + stale,
+        )
+        with pytest.raises(LeaseLost, match="run-1"):
+            store.commit(parked)
+        assert state_of(store, "run-1") == before
+
+    def test_an_eventless_commit_with_a_stale_token_writes_nothing_else_either(
+        self, store: Store
+    ) -> None:
+        """The same fence as a parking commit's, for the other writes that may ride on a run
+        row's update: they are the commit's, and it is refused whole."""
+        new_run(store)
+        store.commit(Commit("run-1", [event(2)], claim=claim("k-1")))
+        token = store.take_lease("run-1", 0, lease("me"))
+        assert token == 1
+        keys = ("k-1", "k-2")
+        before = state_of(store, "run-1", keys)
+        with pytest.raises(LeaseLost, match="run-1"):
+            store.commit(
+                Commit(
+                    "run-1",
+                    status=events.HELD,
+                    claim=claim("k-2"),
+                    release_claim="k-1",
+                    at_s=T0_S + 7,
+                    fence=token + 1,
+                )
+            )
+        assert state_of(store, "run-1", keys) == before
+
+    @pytest.mark.parametrize("pending", [False, True], ids=["no-signal", "signal-pending"])
+    def test_a_parking_commit_whose_fence_holds_lands(self, store: Store, pending: bool) -> None:
+        """The wake-up changes no row when no signal is pending: that must not read as a fence
+        that failed."""
+        new_run(store)
+        token = store.take_lease("run-1", 0, lease("me"))
+        if pending:
+            send(store, "run-1", "approve", 1)
+        parked = Commit(
+            "run-1", status=events.WAITING, wake_on_signal="approve", at_s=T0_S + 7, fence=token
+        )
+        store.commit(parked)
+        found = row_of(store, "run-1")
+        assert (found.status, found.wake_at_s) == (events.WAITING, T0_S + 7 if pending else None)
+        assert found.updated_s == T0_S + 7
+
+    @pytest.mark.parametrize("dies_in", ["event", "run-row"])
+    def test_a_death_while_a_delivery_is_written_leaves_the_signal_pending(
+        self, store: Store, backend: Backend, dies_in: str
+    ) -> None:
+        """Dying in the completion event is a death before the delivery is written; dying in
+        the run row's status, after it, inside the same transaction."""
+        new_run(store, status=events.WAITING)
+        send(store, "run-1", "approve", 1)
+        before = state_of(store, "run-1")
+        completion = event(3, events.STEP_COMPLETED, data=codec.encode({"signal": 1}))
+        status = events.RUNNING
+        if dies_in == "event":
+            completion = completion._replace(data=backend.dying_text(completion.data or ""))
+        else:
+            status = backend.dying_text(status)
+        with pytest.raises(ProcessDeath):
+            store.commit(
+                Commit(
+                    "run-1",
+                    [event(2), completion],
+                    status=status,
+                    wake_at_s=None,
+                    deliver_signal=1,
+                    durable=True,
+                )
+            )
+        assert state_of(store, "run-1") == before
+        assert store.pending_signal("run-1", "approve") == signal(1)
+        store.commit(Commit("run-1", [event(2), event(3, events.STEP_COMPLETED)], deliver_signal=1))
+        assert store.signals("run-1") == [signal(1, delivered_step=1)]
+
     # -- lifetime --------------------------------------------------------------------------
 
     def test_close_is_idempotent(self, store: Store) -> None:
@@ -1024,6 +1279,30 @@ def _foreign_file(path: Path) -> None:
         conn.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY, total REAL)")
         conn.execute("INSERT INTO invoices (total) VALUES (12.5)")
         conn.commit()
+
+
+def _signalled(store: Store) -> None:
+    """One run with a signal delivered (id 1, at step 1) and one still pending (id 2)."""
+    send(store, "run-1", "approve", 1)
+    send(store, "run-1", "approve", 2)
+    store.commit(Commit("run-1", [event(3, events.STEP_COMPLETED)], deliver_signal=1))
+
+
+SIGNAL_REWRITES = [
+    ("UPDATE signals SET delivered_step = 7 WHERE id = 1", "deliver-again"),
+    ("UPDATE signals SET delivered_step = NULL WHERE id = 1", "undeliver"),
+    ("UPDATE signals SET payload = '\"forged\"' WHERE id = 2", "forge-payload"),
+    ("UPDATE signals SET name = 'other' WHERE id = 2", "rename"),
+    ("UPDATE signals SET sent_s = 0 WHERE id = 2", "backdate"),
+    ("UPDATE signals SET id = 5 WHERE id = 2", "renumber"),
+    ("UPDATE signals SET run_id = 'run-2' WHERE id = 2", "move"),
+    ("DELETE FROM signals WHERE id = 2", "delete-pending"),
+    ("DELETE FROM signals", "delete-all"),
+]
+"""What no writer may do to the signals of ``_signalled``: a signal is delivered once and
+otherwise never changed, and never deleted (``signals_delivered_once``,
+``signals_never_deleted``). The store's own first delivery of a pending signal is the one
+update they let through."""
 
 
 def _files_in(directory: Path) -> dict[str, bytes]:
@@ -1267,6 +1546,28 @@ class TestSQLiteFile:
             assert [e.seq for e in store.load_log("run-1")] == [1, 2]
             assert store.side_effect("k-1") == effect("k-1")
 
+    @pytest.mark.parametrize(
+        "statement", [sql for sql, _ in SIGNAL_REWRITES], ids=[i for _, i in SIGNAL_REWRITES]
+    )
+    def test_the_database_itself_guards_the_signals_against_any_writer(
+        self, tmp_path: Path, statement: str
+    ) -> None:
+        path = tmp_path / "agent.db"
+        with contextlib.closing(SQLiteStore(path)) as store:
+            new_run(store)
+            store.commit(Commit("run-1", [event(2)]))
+            _signalled(store)
+            before = store.signals("run-1")
+        with (
+            contextlib.closing(sqlite3.connect(path)) as conn,
+            pytest.raises(sqlite3.DatabaseError) as caught,
+        ):
+            conn.execute(statement)
+        assert isinstance(storage_error(str(path), caught.value), HistoryRewriteError)
+        with contextlib.closing(SQLiteStore(path)) as store:
+            assert store.signals("run-1") == before
+            assert before == [signal(1, delivered_step=1), signal(2)]
+
     def test_no_wal_file_is_deleted_to_open_a_database(self, tmp_path: Path) -> None:
         path = tmp_path / "agent.db"
         first = SQLiteStore(path)
@@ -1367,7 +1668,7 @@ def _pg_contents(url: str) -> tuple[Any, ...]:
     """Every row of durabl's tables."""
     return tuple(
         _pg_rows(url, f"SELECT * FROM durabl.{table} ORDER BY 1, 2")
-        for table in ("runs", "events", "side_effects", "key_claims", "snapshots")
+        for table in ("runs", "events", "side_effects", "key_claims", "snapshots", "signals")
     )
 
 
@@ -1442,6 +1743,26 @@ class TestPostgresDatabase:
         with contextlib.closing(PostgresStore(pg_url)) as store:
             assert [e.seq for e in store.load_log("run-1")] == [1, 2]
             assert store.side_effect("k-1") == effect("k-1")
+
+    @pytest.mark.parametrize(
+        "statement",
+        [*(sql for sql, _ in SIGNAL_REWRITES), "TRUNCATE signals"],
+        ids=[*(i for _, i in SIGNAL_REWRITES), "truncate"],
+    )
+    def test_the_database_itself_guards_the_signals_against_any_writer(
+        self, pg_url: str, statement: str
+    ) -> None:
+        _pg_durabl_database(pg_url)
+        with contextlib.closing(PostgresStore(pg_url)) as store:
+            _signalled(store)
+        before = _pg_contents(pg_url)
+        with pg_support.connect(pg_url) as conn, pytest.raises(psycopg.Error) as caught:
+            conn.execute(statement)
+        assert caught.value.sqlstate == "DB003", caught.value
+        assert isinstance(_refusal(pg_url, caught.value), HistoryRewriteError)
+        assert _pg_contents(pg_url) == before
+        with contextlib.closing(PostgresStore(pg_url)) as store:
+            assert store.signals("run-1") == [signal(1, delivered_step=1), signal(2)]
 
     def test_the_store_reports_each_refusal_as_its_own_error(self, pg_url: str) -> None:
         _pg_durabl_database(pg_url)

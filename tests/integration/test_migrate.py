@@ -1,9 +1,10 @@
 """``durabl migrate``: a SQLite database copied to a real PostgreSQL server, whole and verified.
 
 One SQLite file holds a run in each state (completed, sleeping on a timer, failed,
-dead-lettered, held, compacted, and one interrupted inside an ambiguous window with its lease and
-key claim still in the file); each test migrates it into a database of its own, created on the
-test server and dropped afterwards. The server must be up: without it these tests fail, they are
+dead-lettered, held, compacted, waiting for a signal with one signal taken and one sent but not
+yet taken, and one interrupted inside an ambiguous window with its lease and key claim still in
+the file); each test migrates it into a database of its own, created on the test server and
+dropped afterwards. The server must be up: without it these tests fail, they are
 never skipped.
 """
 
@@ -27,7 +28,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from durabl import ModelCall, Runtime, Sleep, ToolCall, tool, workflow
+from durabl import ModelCall, Runtime, Sleep, ToolCall, WaitSignal, tool, workflow
 from durabl.crashpoints import CrashAt, ProcessDeath
 from durabl.errors import (
     CopyMismatchError,
@@ -40,6 +41,7 @@ from durabl.errors import (
     TargetNotEmptyError,
 )
 from durabl.store import SQLiteStore, Store, open_store, transfer
+from durabl.store.base import Signal
 from durabl.store.transfer import CHECKING, COPYING, VERIFYING, copy_database
 
 SERVER = "postgresql://127.0.0.1:5432"
@@ -145,7 +147,15 @@ def drifting(ctx: Any) -> Any:
     return "done"
 
 
-WORKFLOWS = [chain, sleeper, failing, notify_then_effect, drifting]
+@workflow(name="migrate_waiter")
+def waiter(ctx: Any) -> Any:
+    answers = []
+    for _ in range(3):
+        answers.append((yield WaitSignal("answer")))
+    return answers
+
+
+WORKFLOWS = [chain, sleeper, failing, notify_then_effect, drifting, waiter]
 
 
 def _runtime(db: str | Path) -> Runtime:
@@ -172,6 +182,10 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
         assert rt.run(failing, run_id="failed").status == "FAILED"
         assert rt.run(chain, {"steps": 5}, run_id="compacted").status == "COMPLETED"
         assert rt.compact("compacted", keep_last=1).runs[0].watermark > 0
+        assert rt.run(waiter, run_id="waiting").status == "WAITING"
+        assert rt.signal("waiting", "answer", "first") == 1
+        assert [s.run_id for s in rt.tick()] == ["waiting"]  # taken by the first wait
+        assert rt.signal("waiting", "answer", "second") == 2  # sent, due, not yet taken
     abandoned.append(_crashed(db, notify_then_effect, "dead", "after_tool_dispatched"))
     with _runtime(db) as rt:
         assert rt.resume("dead").status == "DEAD_LETTERED"
@@ -197,7 +211,7 @@ def _sqlite_rows(db: Path, query: str) -> list[tuple[Any, ...]]:
 
 def _dump(url: str) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of every durabl table on the server, for before-and-after comparisons."""
-    tables = ("meta", "runs", "events", "side_effects", "key_claims", "snapshots")
+    tables = ("meta", "runs", "events", "side_effects", "key_claims", "snapshots", "signals")
     with psycopg.connect(url) as conn:
         return {
             t: conn.execute(f"SELECT * FROM durabl.{t} ORDER BY 1, 2").fetchall() for t in tables
@@ -229,11 +243,14 @@ def test_every_run_arrives_whole_and_goes_on_from_where_it_was(
         source,
         "SELECT (SELECT COUNT(*) FROM runs), (SELECT COUNT(*) FROM events), "
         "(SELECT COUNT(*) FROM side_effects), (SELECT COUNT(*) FROM key_claims), "
-        "(SELECT COUNT(*) FROM snapshots)",
+        "(SELECT COUNT(*) FROM snapshots), (SELECT COUNT(*) FROM signals)",
     )[0]
-    found = (report.runs, report.events, report.side_effects, report.claims, report.snapshots)
+    found = (
+        *(report.runs, report.events, report.side_effects),
+        *(report.claims, report.snapshots, report.signals),
+    )
     assert found == counts
-    assert (report.runs, report.claims, report.snapshots) == (7, 2, 1)
+    assert (report.runs, report.claims, report.snapshots, report.signals) == (8, 2, 1, 2)
     assert report.leases_cleared == 1  # the interrupted run's
     assert report.target == url and report.seconds > 0
 
@@ -246,6 +263,13 @@ def test_every_run_arrives_whole_and_goes_on_from_where_it_was(
             assert copied is not None and copied.lease is None  # leases are not copied...
             assert copied.lease_token == row.lease_token  # ...their tokens are
             assert dataclasses.replace(row, lease=None) == copied
+            assert after.signals(row.run_id) == before.signals(row.run_id), row.run_id
+        assert [(s.id, s.payload_text, s.delivered_step) for s in after.signals("waiting")] == [
+            (1, '"first"', 1),
+            (2, '"second"', None),
+        ]
+        pending = after.pending_signal("waiting", "answer")
+        assert pending == Signal(id=2, name="answer", payload_text='"second"', sent_s=START_S)
         for (key,) in _sqlite_rows(source, "SELECT idempotency_key FROM side_effects"):
             assert after.side_effect(key) == before.side_effect(key) is not None
         for (key,) in _sqlite_rows(source, "SELECT idempotency_key FROM key_claims"):
@@ -260,6 +284,13 @@ def test_every_run_arrives_whole_and_goes_on_from_where_it_was(
 
     CALLS.clear()
     with _runtime(url) as rt:
+        # the signal sent but not taken on SQLite: the run is due, and the next wait takes it
+        assert [(s.run_id, s.status) for s in rt.tick()] == [("waiting", "WAITING")]
+        assert rt.signal("waiting", "answer", "third") == 3  # numbered on from the copy's
+        [answered] = rt.tick()
+        assert (answered.run_id, answered.status) == ("waiting", "COMPLETED")
+        assert rt.result("waiting") == ["first", "second", "third"]
+        assert [s.delivered_step for s in rt.store.signals("waiting")] == [1, 2, 3]
         wake_at_s = rt.state("sleeping").wake_at_s
         assert wake_at_s is not None
         [fired] = rt.tick(now=wake_at_s + 1)
@@ -296,6 +327,23 @@ def test_a_target_holding_durabl_data_is_refused_and_left_as_it_was(
     assert _dump(url) == before
 
 
+def test_a_target_holding_only_signals_is_refused_too(
+    source: Path, database: Callable[[], str]
+) -> None:
+    """Any durabl row makes a target not empty, a signal too: copied beside it, a run's own
+    signals would collide with it or be numbered after it."""
+    url = database()
+    open_store(url).close()
+    with psycopg.connect(url) as conn:
+        conn.execute(
+            "INSERT INTO durabl.signals VALUES ('waiting', 1, 'answer', '\"early\"', 0, NULL)"
+        )
+    before = _dump(url)
+    with pytest.raises(TargetNotEmptyError):
+        copy_database(source, url)
+    assert _dump(url) == before
+
+
 def test_a_target_another_session_holds_is_reported_not_waited_for(
     source: Path, database: Callable[[], str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -329,25 +377,96 @@ def test_a_damaged_source_event_is_refused_before_the_target_is_touched(
     assert not _has_durabl_schema(url)  # not even the schema was created
 
 
+@pytest.mark.parametrize(
+    ("table", "tampering", "difference"),
+    [
+        (
+            "events",
+            "IF NEW.run_id = 'failed' AND NEW.seq = 2 THEN NEW.data := '\"tampered\"'; END IF;",
+            "the events row of run 'failed' seq 2 differs in data",
+        ),
+        (
+            "signals",
+            "IF NEW.run_id = 'waiting' AND NEW.id = 1 THEN NEW.delivered_step := NULL; END IF;",
+            "the signals row of run 'waiting' signal 1 differs in delivered_step",
+        ),
+    ],
+    ids=["event", "signal"],
+)
 def test_a_copy_that_arrives_different_is_rolled_back_whole(
-    source: Path, database: Callable[[], str]
+    source: Path, database: Callable[[], str], table: str, tampering: str, difference: str
 ) -> None:
     url = database()
     open_store(url).close()  # the schema, and then a trigger that alters what arrives
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
             "CREATE FUNCTION durabl.tamper() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-            "IF NEW.run_id = 'failed' AND NEW.seq = 2 THEN NEW.data := '\"tampered\"'; END IF; "
-            "RETURN NEW; END $$"
+            f"{tampering} RETURN NEW; END $$"
         )
         conn.execute(
-            "CREATE TRIGGER tamper BEFORE INSERT ON durabl.events "
+            f"CREATE TRIGGER tamper BEFORE INSERT ON durabl.{table} "
             "FOR EACH ROW EXECUTE FUNCTION durabl.tamper()"
         )
     with pytest.raises(CopyMismatchError) as refused:
         copy_database(source, url)
-    assert "the events row of run 'failed' seq 2 differs in data" in str(refused.value)
+    assert difference in str(refused.value)
     assert _runs_on_server(url) == 0
+
+
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [
+        (
+            "DELETE FROM signals WHERE run_id = 'waiting' AND id = 1",
+            "run waiting's signals go from #0 to #2",
+        ),
+        (
+            "INSERT INTO signals VALUES ('ghost', 1, 'answer', '\"boo\"', 0, NULL)",
+            "a signal names run 'ghost', which does not exist",
+        ),
+    ],
+    ids=["signal-missing", "signal-of-no-run"],
+)
+def test_damaged_signals_are_refused_before_the_target_is_touched(
+    source: Path, database: Callable[[], str], tmp_path: Path, damage: str, why: str
+) -> None:
+    damaged = tmp_path / "damaged.db"
+    shutil.copyfile(source, damaged)
+    with contextlib.closing(sqlite3.connect(damaged)) as conn:
+        conn.execute("DROP TRIGGER signals_never_deleted")
+        assert conn.execute(damage).rowcount == 1
+        conn.commit()
+    url = database()
+    with pytest.raises(MigrationRefusedError, match=why):
+        copy_database(damaged, url)
+    assert not _has_durabl_schema(url)
+
+
+def test_a_file_from_before_signals_is_refused_until_a_runtime_migrates_it(
+    tmp_path: Path, database: Callable[[], str]
+) -> None:
+    """A v3 file (no signals table) opens read-only as it is: the copy refuses it by its
+    version, before reading a table it lacks or touching the target, and says how to make it
+    current. Once a runtime has opened it, it is copied like any other."""
+    old = tmp_path / "v3.db"
+    with _runtime(old) as rt:
+        assert rt.run(chain, {"steps": 1}, run_id="before-signals").status == "COMPLETED"
+    with contextlib.closing(sqlite3.connect(old)) as conn:
+        conn.execute("DROP TABLE signals")  # with its index and triggers: what v4 added
+        conn.execute("PRAGMA user_version = 3")
+        conn.commit()
+    url = database()
+    with pytest.raises(MigrationRefusedError, match="its schema is v3, older than this durabl's"):
+        copy_database(old, url)
+    assert not _has_durabl_schema(url)
+    assert _sqlite_rows(old, "PRAGMA user_version") == [(3,)]  # the copy never writes the file
+
+    SQLiteStore(old).close()  # what opening it with a runtime does first
+    report = copy_database(old, url)
+    assert (report.runs, report.signals) == (1, 0)
+    with _runtime(url) as rt:
+        assert rt.result("before-signals") == "plan: plan for before-signals"
+        assert rt.store.signals("before-signals") == []
 
 
 def test_what_cannot_be_migrated_is_refused_by_name(source: Path, tmp_path: Path) -> None:
@@ -385,14 +504,16 @@ def test_the_command_prints_what_it_copied_and_refuses_in_one_line(
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == f"migrated {source} to {url}, every row verified on arrival"
-    assert "runs          7" in lines and "snapshots     1" in lines
+    assert "runs          8" in lines and "snapshots     1" in lines
+    assert "signals       2" in lines
     assert "events/s" in done.stdout and "had a lease on" in done.stdout
     again = _cli("migrate", "--json", "--from", str(source), "--to", url)
     assert again.returncode == 2 and again.stdout == ""
     assert again.stderr.count("\n") == 1 and "Traceback" not in again.stderr
-    assert again.stderr.startswith(f"durabl: {url} already holds durabl data (7 runs,")
+    assert again.stderr.startswith(f"durabl: {url} already holds durabl data (8 runs,")
 
     other = database()
     done = _cli("migrate", "--json", "--from", str(source), "--to", other)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["runs"] == 7
+    copied = json.loads(done.stdout)
+    assert (copied["runs"], copied["signals"]) == (8, 2)

@@ -25,8 +25,8 @@ def add_migrate(commands: Commands) -> None:
         _migrate,
         help="copy a SQLite database to an empty PostgreSQL database, verified on arrival",
         description="Copy every run of a durabl SQLite file to an empty PostgreSQL database: "
-        "its whole log, its compaction snapshot, its side effects and key claims, in one "
-        "transaction. Every event's and snapshot's checksum is verified before anything is "
+        "its whole log, its compaction snapshot, its side effects, key claims and signals, in "
+        "one transaction. Every event's and snapshot's checksum is verified before anything is "
         "written, and every row is read back from the server and compared before the copy "
         "commits. A target that already holds durabl data is refused, and the file is only "
         "read. Leases are not copied (their tokens are): stop the processes using the file "
@@ -66,6 +66,7 @@ def _migrate(args: argparse.Namespace) -> int:
         ["side effects", str(report.side_effects)],
         ["key claims", str(report.claims)],
         ["snapshots", str(report.snapshots)],
+        ["signals", str(report.signals)],
     ]
     parts: list[str | Grid] = [
         f"migrated {report.source} to {report.target}, every row verified on arrival",

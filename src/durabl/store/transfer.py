@@ -1,14 +1,14 @@
 """Copy a durabl SQLite database to PostgreSQL whole (``durabl migrate``): every run with its
-log, its compaction snapshot, its side effects and its key claims.
+log, its compaction snapshot, its side effects, its key claims and its signals.
 
 A copy lands whole or not at all. The source is read through a read-only store inside one read
 transaction, so a process still writing to the file cannot tear what is copied. Every event's
-and snapshot's checksum is verified, and every log checked to start right after its watermark
-and run without gaps, before the target is touched. The target's schema is then created or
-migrated by ``open_store``, and one transaction on the server does the rest: it locks durabl's
-tables (so nothing else writes while it looks), refuses a target that holds any durabl row,
-copies the rows with COPY, reads every one of them back and compares it with the source, and
-only then commits. The schema's triggers stay on throughout, so each event is also checked by
+and snapshot's checksum is verified, every log checked to start right after its watermark and
+run without gaps, and every run's signals checked to be numbered 1, 2, ... with none missing,
+before the target is touched. The target's schema is then created or migrated by
+``open_store``, and one transaction on the server does the rest: it locks durabl's tables (so
+nothing else writes while it looks), refuses a target that holds any durabl row, copies the rows
+with COPY, reads every one of them back and compares it with the source, and only then commits. The schema's triggers stay on throughout, so each event is also checked by
 the target's own rules as it arrives.
 
 Leases and fences. A run's lease is not copied: it names a process on the SQLite side, which
@@ -18,6 +18,11 @@ its ``lease_token`` is kept, so the run's tokens go on growing from where they w
 is ever issued twice for one run. Each event's ``fence`` is left NULL: it checked the writer's
 token at the moment the event was written, and the trigger would refuse every token older than
 the run's current one. Neither is part of an event's checksum.
+
+Older files. A source whose schema is older than this durabl's (a v3 file has no signals table)
+is refused, naming both versions: the read-only store opens a file as it is and never migrates
+it, and a copy that filled in what the file lacks would be a migration nobody ran. Opening the
+file once with a runtime migrates it, and it is copied then.
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ Progress = Callable[[str, int, int], None]
 
 _PROGRESS_EVERY = 5000
 _LOCK_TIMEOUT_S = 30
-_TABLES = ("runs", "events", "side_effects", "key_claims", "snapshots")
+_TABLES = ("runs", "events", "side_effects", "key_claims", "snapshots", "signals")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +77,7 @@ class CopyReport:
     side_effects: int
     claims: int
     snapshots: int
+    signals: int
     leases_cleared: int
     """Runs that had a lease on the SQLite side: their copies have none (see the module)."""
     seconds: float
@@ -108,9 +114,12 @@ class _Table:
         return f"COPY durabl.{self.name} ({', '.join(self.columns)}) FROM STDIN (FORMAT BINARY)"
 
     def row_name(self, row: tuple[Any, ...]) -> str:
-        """How a message names one row: by its run (and seq), or by its idempotency key."""
+        """How a message names one row: by its run (and seq, or signal id), or by its
+        idempotency key."""
         if self.name == "events":
             return f"run {row[0]!r} seq {row[1]}"
+        if self.name == "signals":
+            return f"run {row[0]!r} signal {row[1]}"
         return f"run {row[0]!r}" if self.columns[0] == "run_id" else f"key {row[0]!r}"
 
 
@@ -159,19 +168,30 @@ KEY_CLAIMS = _Table(
     "SELECT idempotency_key, run_id, step, tool, args_fp, at_s FROM key_claims "
     "ORDER BY idempotency_key",
 )
-COPY_ORDER = (RUNS, SNAPSHOTS, EVENTS, SIDE_EFFECTS, KEY_CLAIMS)
+SIGNALS = _Table(
+    "signals",
+    ("run_id", "id", "name", "payload", "sent_s", "delivered_step"),
+    ("text", "int8", "text", "text", "float8", "int8"),
+    2,
+    "SELECT run_id, id, name, payload, sent_s, delivered_step FROM signals ORDER BY run_id, id",
+)
+COPY_ORDER = (RUNS, SNAPSHOTS, EVENTS, SIDE_EFFECTS, KEY_CLAIMS, SIGNALS)
 """Runs first: the events' trigger reads each run's watermark, which must be there already."""
 
 # What the source is checked with before anything is copied (SQLite).
 _SOURCE_COUNTS = (
     "SELECT (SELECT COUNT(*) FROM runs), (SELECT COUNT(*) FROM events), "
     "(SELECT COUNT(*) FROM side_effects), (SELECT COUNT(*) FROM key_claims), "
-    "(SELECT COUNT(*) FROM snapshots), "
+    "(SELECT COUNT(*) FROM snapshots), (SELECT COUNT(*) FROM signals), "
     "(SELECT COUNT(*) FROM runs WHERE lease_owner IS NOT NULL)"
 )
 _SOURCE_SNAPSHOTS = (
     "SELECT snapshots.run_id, runs.watermark, snapshots.body, snapshots.crc "
     "FROM snapshots LEFT JOIN runs USING (run_id) ORDER BY snapshots.run_id"
+)
+_SOURCE_SIGNALS = (
+    "SELECT signals.run_id, id, runs.run_id FROM signals LEFT JOIN runs USING (run_id) "
+    "ORDER BY signals.run_id, id"
 )
 _SOURCE_EVENTS = (
     "SELECT events.run_id, seq, kind, step, fp, data, at_s, crc, runs.watermark "
@@ -189,6 +209,7 @@ class _Counts:
     side_effects: int
     claims: int
     snapshots: int
+    signals: int
     leases: int = 0
 
     def of(self, table: _Table) -> int:
@@ -198,6 +219,7 @@ class _Counts:
             "side_effects": self.side_effects,
             "key_claims": self.claims,
             "snapshots": self.snapshots,
+            "signals": self.signals,
         }[table.name]
 
 
@@ -231,6 +253,7 @@ def copy_database(
         side_effects=counts.side_effects,
         claims=counts.claims,
         snapshots=counts.snapshots,
+        signals=counts.signals,
         leases_cleared=counts.leases,
         seconds=time.monotonic() - started,
     )
@@ -268,6 +291,8 @@ def _rows(src: sqlite3.Connection, sql: str) -> Iterator[tuple[Any, ...]]:
 
 
 def _check_version(src: sqlite3.Connection, source: str, target_url: str) -> None:
+    """Refuse a source older than this durabl's schema, before any of its tables is read (see
+    "Older files" in the module docstring); a newer one the store has refused already."""
     found = src.execute("PRAGMA user_version").fetchone()[0]
     if found < SCHEMA_VERSION:
         raise MigrationRefusedError(
@@ -281,13 +306,15 @@ def _check_version(src: sqlite3.Connection, source: str, target_url: str) -> Non
 def _check_source(
     src: sqlite3.Connection, source: str, target_url: str, progress: Progress | None
 ) -> _Counts:
-    """The source's row counts, once every snapshot and event has passed its checksum and every
-    log has been found to start right after its watermark and run without a gap."""
+    """The source's row counts, once every snapshot and event has passed its checksum, every
+    log has been found to start right after its watermark and run without a gap, and every
+    signal to belong to a run that numbers its signals without a gap."""
     counts = _Counts(*src.execute(_SOURCE_COUNTS).fetchone())
 
     def refuse(why: str) -> MigrationRefusedError:
         return MigrationRefusedError(source=source, target=target_url.split("@")[-1], why=why)
 
+    _check_signals(src, refuse)
     for run_id, watermark, body, crc in _rows(src, _SOURCE_SNAPSHOTS):
         if watermark is None:
             raise refuse(f"a snapshot names run {run_id!r}, which does not exist")
@@ -311,6 +338,24 @@ def _check_source(
         if progress is not None and (done % _PROGRESS_EVERY == 0 or done == counts.events):
             progress(CHECKING, done, counts.events)
     return counts
+
+
+def _check_signals(src: sqlite3.Connection, refuse: Callable[[str], MigrationRefusedError]) -> None:
+    """Every signal names a run, and each run's are numbered 1, 2, ...: the store numbers them
+    so and no signal is ever deleted, so a missing number is a signal lost behind its back,
+    which a copy would make look as if it had never been sent."""
+    last_run, last_id = None, 0
+    for run_id, signal_id, found_run in _rows(src, _SOURCE_SIGNALS):
+        if found_run is None:
+            raise refuse(f"a signal names run {run_id!r}, which does not exist")
+        if run_id != last_run:
+            last_run, last_id = run_id, 0
+        if signal_id != last_id + 1:
+            raise refuse(
+                f"run {run_id}'s signals go from #{last_id} to #{signal_id}: a signal was "
+                f"deleted behind the store's back"
+            )
+        last_id = signal_id
 
 
 def _copy_and_verify(
