@@ -292,6 +292,9 @@ class Drive:
 
     def _fail(self, exc: Exception) -> None:
         """The workflow raised: fail the run, unless the log shows it did not raise here."""
+        self.progress.position += 1  # past any patch marker the code no longer asks for
+        self._past_patches()
+        self.progress.position -= 1
         history, position = self.history, self.progress.position
         raised = f"an exception ({type(exc).__name__}: {exc})"
         if position < history.last_position:

@@ -23,6 +23,7 @@ import upgrade_agents
 from durabl import Runtime, events
 from durabl.crashpoints import AFTER_STEP_COMMITTED, CrashAt, ProcessDeath
 from durabl.errors import NonDeterminismError
+from durabl.journal import Journal, NewEvent
 
 HOUR_S = 3600.0
 T0_S = 1_800_000_000.0
@@ -55,7 +56,7 @@ def runtime(db: Path, clock: Clock) -> Runtime:
         db,
         llm=upgrade_agents.llm,
         tools=upgrade_agents.DURABL_TOOLS,
-        workflows=[upgrade_agents.summary, upgrade_agents.bad_patch],
+        workflows=[upgrade_agents.summary, upgrade_agents.bad_patch, upgrade_agents.validate],
         clock=clock,
     )
 
@@ -179,6 +180,46 @@ def test_check_lists_the_runs_a_deploy_would_hold_before_it_is_deployed(
         clock.now_s += 2 * HOUR_S
         rt.tick()
         assert rt.result(late)["sent"] == "summary of: summarise skuas in three bullets"
+
+
+class _DiesBeforeRunFailed(Journal):
+    """The process dies after the run's last step is recorded and before its RUN_FAILED: no named
+    crash point sits there, but a SIGKILL can."""
+
+    def append(self, new: list[NewEvent], **rest: object) -> None:
+        if any(kind == events.RUN_FAILED for kind, _fp, _data in new):
+            raise ProcessDeath("before RUN_FAILED")
+        super().append(new, **rest)  # type: ignore[arg-type]
+
+
+class _DyingRuntime(Runtime):
+    journal_class = _DiesBeforeRunFailed
+
+
+def test_taking_the_guard_out_holds_no_run_that_raised_right_after_its_marker(
+    tmp_path: Path, clock: Clock, deploy: object
+) -> None:
+    """The guard comes out once the old runs are finished; a run that took the new branch must
+    then replay as it ran. Here the new branch yields no step and the workflow raises after it,
+    so the run's log ends with its marker: the drive must step over it when the workflow raises,
+    as it does when the workflow yields a step or returns."""
+    db = tmp_path / "u.db"
+    deploy("v2")  # type: ignore[operator]
+    with runtime(db, clock) as rt:
+        failed = rt.run(upgrade_agents.validate, {"topic": " "})
+    assert failed.status == "FAILED"
+    with (
+        _DyingRuntime(db, tools=upgrade_agents.DURABL_TOOLS, clock=clock) as dying,
+        pytest.raises(ProcessDeath),
+    ):
+        dying.start(upgrade_agents.validate, {"topic": ""}, run_id="interrupted")
+
+    deploy("v3")  # type: ignore[operator]
+    with runtime(db, clock) as rt:
+        found = {c.run_id: c for c in rt.check()}
+        assert (found[failed.run_id].ok, found[failed.run_id].problem) == (True, None)
+        assert (found["interrupted"].ok, found["interrupted"].problem) == (True, None)
+        assert rt.resume("interrupted").status == "FAILED"
 
 
 def _durabl(db: Path, *args: str, deploy: str) -> subprocess.CompletedProcess[str]:

@@ -43,6 +43,18 @@ def summary(ctx: Any, topic: str) -> Any:
     return sent
 
 
+@workflow(name="up_validate")
+def validate(ctx: Any, topic: str) -> Any:
+    """Search, then refuse a blank topic: a check added by v2 behind ``ctx.patched``, whose new
+    branch yields no step (v3 keeps the check and drops the guard)."""
+    found = yield ToolCall("search", {"q": topic})
+    version = deploy()
+    strict = ctx.patched("validate-v2") if version == "v2" else version in ("v2-unguarded", "v3")
+    if strict and not topic.strip():
+        raise ValueError(f"a blank topic {topic!r}")
+    return found
+
+
 @workflow(name="up_bad_patch")
 def bad_patch(ctx: Any) -> Any:
     """Asks ctx.patched with something that is not a patch id."""
