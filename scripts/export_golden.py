@@ -5,12 +5,19 @@ deterministic model and tools defined there, with a fixed clock and a fixed run 
 the run's events table rows (seq, kind, step, fp, data, at_s) and its final row as JSON. Process
 identities (pid, host, runtime instance id) are normalised so that two exports are byte-identical.
 
-    python scripts/export_golden.py            # rewrite tests/oracles/golden/*.json
-    python scripts/export_golden.py OUT_DIR    # write somewhere else
+    python scripts/export_golden.py                     # rewrite tests/oracles/golden/*.json
+    python scripts/export_golden.py OUT_DIR             # write somewhere else
+    python scripts/export_golden.py --only STEM [STEM]  # write only these scenarios' files
+
+Some of the checked-in files were recorded by earlier versions of durabl (derived keys without
+their ``durabl:`` prefix, an IDEMPOTENT tool's dispatch committed before its call), and replaying
+them shows that logs written then still replay now: write a new scenario with ``--only``, which
+leaves the other files as they are.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sqlite3
 import sys
@@ -42,13 +49,15 @@ class FixedClock:
         return self.now_s
 
 
-def _runtime(db: Path, clock: FixedClock) -> Runtime:
+def _runtime(
+    db: Path, clock: FixedClock, workflows: dict[str, Callable[..., Any]] | None = None
+) -> Runtime:
     return Runtime(
         db,
         llm=golden.golden_llm,
         tools=golden.golden_tools(),
         clock=clock,
-        workflows=golden.WORKFLOWS,
+        workflows=workflows or golden.WORKFLOWS,
     )
 
 
@@ -88,11 +97,34 @@ def failing(db: Path, clock: FixedClock) -> str:
         return rt.start("golden.failing", {"why": "the disk"}, run_id="golden-failing")
 
 
+def patched(db: Path, clock: FixedClock) -> str:
+    """A run that starts under the patched code: it records the marker and takes the new branch."""
+    with _runtime(db, clock) as rt:
+        run_id = rt.start("golden.patched", {"topic": "kelp"}, run_id="golden-patched")
+        clock.now_s += 600
+        rt.tick()
+    return run_id
+
+
+def patched_old_branch(db: Path, clock: FixedClock) -> str:
+    """A run the old code leaves on its timer, finished by a process with the patched code: it
+    keeps to the old branch, with no marker."""
+    run_id = "golden-patched-old"
+    with _runtime(db, clock, {**golden.WORKFLOWS, **golden.BEFORE_PATCH}) as before:
+        before.start("golden.patched", {"topic": "kelp"}, run_id=run_id)
+    clock.now_s += 600
+    with _runtime(db, clock) as after:
+        after.tick()
+    return run_id
+
+
 SCENARIOS: dict[str, Callable[[Path, FixedClock], str]] = {
     "research": research,
     "retry_and_fallback": retry_and_fallback,
     "crash_resumed": crash_resumed,
     "failing": failing,
+    "patched": patched,
+    "patched_old_branch": patched_old_branch,
 }
 
 
@@ -141,12 +173,18 @@ def _history(db: Path, run_id: str) -> dict[str, Any]:
     }
 
 
-def export(out_dir: Path) -> list[Path]:
-    """Run every scenario in a scratch database and write one JSON file per scenario."""
+def export(out_dir: Path, only: list[str] | None = None) -> list[Path]:
+    """Run every scenario (or those named in ``only``) in a scratch database and write one JSON
+    file per scenario."""
+    unknown = sorted(set(only or ()) - set(SCENARIOS))
+    if unknown:
+        raise SystemExit(f"no such scenario: {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     with tempfile.TemporaryDirectory() as scratch:
         for stem, scenario in SCENARIOS.items():
+            if only and stem not in only:
+                continue
             db = Path(scratch) / f"{stem}.db"
             run_id = scenario(db, FixedClock())
             text = json.dumps(_history(db, run_id), indent=2, sort_keys=True, ensure_ascii=False)
@@ -157,8 +195,11 @@ def export(out_dir: Path) -> list[Path]:
 
 
 def main(argv: list[str]) -> int:
-    out_dir = Path(argv[1]) if len(argv) > 1 else DEFAULT_OUT
-    for path in export(out_dir):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("out_dir", nargs="?", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--only", nargs="+", metavar="STEM", help="write only these scenarios")
+    args = parser.parse_args(argv[1:])
+    for path in export(args.out_dir, args.only):
         print(path)
     return 0
 

@@ -1,5 +1,5 @@
-"""The three capability examples, run as real processes: each must exit 0 and leave the world
-(its files in ``--dir``) in the state it claims.
+"""The capability examples, run as real processes: each must exit 0 and leave the world (its
+files in ``--dir``) in the state it claims.
 
 - ``at_most_once.py``: SIGKILLed inside an AT_MOST_ONCE charge, the run is dead-lettered,
   resolved with the recorded charge, and completes; the ledger holds exactly one charge.
@@ -8,6 +8,10 @@
   recovers ends in the workflow's fallback.
 - ``workers.py``: twelve runs on three worker processes, one SIGKILLed; every run completes and
   every (run, step) effect is in the effects file exactly once.
+- ``upgrade.py``: a run recorded by deploy v1 finishes under deploy v2 on v1's branch with no
+  patch marker, a run started under v2 takes the new branch and records its marker, one reply is
+  sent per ticket, and ``durabl check`` run here against the finished database agrees: nothing
+  is held, and each version's code differs only from the runs recorded on the other branch.
 
 The examples check themselves too; these tests check the files and the database independently
 of the examples' own verdicts.
@@ -16,6 +20,7 @@ of the examples' own verdicts.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -114,3 +119,73 @@ def test_workers_complete_every_run_once_despite_a_kill(tmp_path: Path) -> None:
     with Runtime(tmp_path / "jobs.db") as rt:
         statuses = {f"job-{n:02d}": rt.state(f"job-{n:02d}").status for n in range(1, 13)}
     assert set(statuses.values()) == {events.COMPLETED}
+
+
+def check_with(db: Path, version: str) -> tuple[int, dict[str, str]]:
+    """``durabl --json check`` with ``version`` of the upgrade example's code: the exit status,
+    and each run's verdict."""
+    env = {**os.environ, "UPGRADE_DEPLOY": version, "PYTHONPATH": str(EXAMPLES)}
+    done = subprocess.run(
+        [sys.executable, "-m", "durabl", "--db", str(db), "--import", "upgrade", "--json", "check"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=TIMEOUT_S,
+    )
+    report = json.loads(done.stdout)
+    verdicts = {
+        r["run_id"]: "ok" if r["ok"] else ("holds" if r["breaks"] else "differs")
+        for r in report["runs"]
+    }
+    return done.returncode, verdicts
+
+
+def test_upgrade_keeps_the_old_run_on_the_old_branch_and_checks_before_deploying(
+    tmp_path: Path,
+) -> None:
+    out = run_example("upgrade.py", tmp_path)
+    assert "the prompt simply replaced (exit 1)" in out
+    assert re.search(r"ticket-101\s+answer_ticket\s+SLEEPING\s+WOULD HOLD\s+seq 5: recorded", out)
+    assert 'behind ctx.patched("reply-cites-docs") (exit 0)' in out
+    assert "1 run checked: none would be held" in out
+
+    replies = {line["ticket_id"]: line["body"] for line in jsonl(tmp_path / "outbox.jsonl")}
+    assert len(jsonl(tmp_path / "outbox.jsonl")) == 2
+    assert "docs" not in str(replies["ticket-101"]) and "docs" in str(replies["ticket-102"])
+
+    db = tmp_path / "tickets.db"
+    with Runtime(db) as rt:
+        logs = {run: rt.store.load_log(run) for run in ("ticket-101", "ticket-102")}
+        assert {rt.state(run).status for run in logs} == {events.COMPLETED}
+        assert rt.result("ticket-101")["prompt"] == "v1"
+        assert rt.result("ticket-102")["prompt"] == "v2"
+
+    def prompts(run: str) -> list[str]:
+        return [
+            json.loads(e.data or "")[1]
+            for e in logs[run]
+            if e.kind == events.STEP_STARTED and (e.data or "").startswith('["model"')
+        ]
+
+    def pids(run: str) -> list[int]:
+        boundaries = (events.RUN_STARTED, events.RUN_RESUMED)
+        return [json.loads(e.data or "")["pid"] for e in logs[run] if e.kind in boundaries]
+
+    assert prompts("ticket-101") == ["Draft a reply about CSV export times out"]
+    assert prompts("ticket-102") == [
+        "Draft a reply about login link expired, with a link to the docs"
+    ]
+    assert len(set(pids("ticket-101"))) == 2  # recorded by the v1 process, finished by v2's
+    assert len(pids("ticket-102")) == 1
+    markers = {
+        run: [(e.step, e.data) for e in log if e.kind == events.CTX_RECORDED]
+        for run, log in logs.items()
+    }
+    assert markers == {"ticket-101": [], "ticket-102": [(2, '"reply-cites-docs"')]}
+
+    # Every run has finished, so no version's code would hold one. v1 differs from the run that
+    # took the new branch, the unguarded v2 from the run that took the old one (the other's
+    # marker is stepped over), the patched code from none.
+    assert check_with(db, "v2") == (0, {"ticket-101": "ok", "ticket-102": "ok"})
+    assert check_with(db, "v2-unguarded") == (0, {"ticket-101": "differs", "ticket-102": "ok"})
+    assert check_with(db, "v1") == (0, {"ticket-101": "ok", "ticket-102": "differs"})

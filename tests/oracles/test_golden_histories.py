@@ -5,9 +5,13 @@ Each file in ``golden/`` is the log of a real run, exported by ``scripts/export_
 fresh database through durabl's own store, so checksums are computed the way durabl computes
 them, then replays it dry against the workflow code below: the workflow must recompute the
 recorded result byte for byte while nothing is called. A deliberately changed workflow must
-raise ``NonDeterminismError`` on the same history. Both run on each backend, and the scenarios
-that export the histories record byte-identical logs on SQLite and on PostgreSQL: every text
-and every float reads back as it was written.
+raise ``NonDeterminismError`` on the same history. Two histories record one change behind
+``ctx.patched``: a run that met it and took the new branch (its log holds the marker), and a run
+recorded by the old code and finished by the new on the old branch; the old code and the change
+without its guard must each be refused by the history of the other branch, and the code with the
+guard taken out must replay the new-branch one (stepping over its marker). Both run on each
+backend, and the scenarios that export the histories record byte-identical logs on SQLite and on
+PostgreSQL: every text and every float reads back as it was written.
 """
 
 from __future__ import annotations
@@ -94,12 +98,59 @@ def failing(ctx: Any, why: str) -> Any:
     return "unreachable"
 
 
+PATCH_ID = "golden-summary-v2"
+V1_PROMPT = "Summarize {}: {}"
+V2_PROMPT = "Summarize {} in three bullets: {}"
+
+
+def patched(ctx: Any, topic: str) -> Any:
+    """A prompt changed behind ``ctx.patched``: ``patched.json`` was recorded by this code from
+    the start (it holds the marker), ``patched_old_branch.json`` by ``patched_before`` until its
+    timer, then finished by this code on the old branch."""
+    found = yield ToolCall("search", {"q": topic})
+    if ctx.patched(PATCH_ID):
+        summary = yield ModelCall(V2_PROMPT.format(topic, found))
+        version = "v2"
+    else:
+        summary = yield ModelCall(V1_PROMPT.format(topic, found))
+        version = "v1"
+    yield Sleep(minutes=10)
+    receipt = yield ToolCall("send_email", {"to": "e@f.g", "body": summary["text"]})
+    result = {"version": version, "summary": summary["text"], "receipt": receipt}
+    COMPUTED.append(result)
+    return result
+
+
+def patched_before(ctx: Any, topic: str) -> Any:
+    """The code before the change: what recorded the old branch's first steps."""
+    found = yield ToolCall("search", {"q": topic})
+    summary = yield ModelCall(V1_PROMPT.format(topic, found))
+    yield Sleep(minutes=10)
+    receipt = yield ToolCall("send_email", {"to": "e@f.g", "body": summary["text"]})
+    return {"version": "v1", "summary": summary["text"], "receipt": receipt}
+
+
+def patched_without_guard(ctx: Any, topic: str) -> Any:
+    """The change without its guard: the new prompt in place of the old one. Deployed before
+    the old runs are finished, it holds them; once they are, it is how the guard comes out."""
+    found = yield ToolCall("search", {"q": topic})
+    summary = yield ModelCall(V2_PROMPT.format(topic, found))
+    yield Sleep(minutes=10)
+    receipt = yield ToolCall("send_email", {"to": "e@f.g", "body": summary["text"]})
+    result = {"version": "v2", "summary": summary["text"], "receipt": receipt}
+    COMPUTED.append(result)
+    return result
+
+
 WORKFLOWS: dict[str, Callable[..., Any]] = {
     "golden.research": research,
     "golden.retry_and_fallback": retry_and_fallback,
     "golden.crash_resumed": crash_resumed,
     "golden.failing": failing,
+    "golden.patched": patched,
 }
+BEFORE_PATCH: dict[str, Callable[..., Any]] = {"golden.patched": patched_before}
+"""The code deployed before ``golden.patched`` changed (used by scripts/export_golden.py)."""
 
 
 # -- the world the histories were recorded against (used by scripts/export_golden.py) --------
@@ -236,7 +287,16 @@ def crash_resumed_changed(ctx: Any, to: str) -> Any:
 
 @pytest.mark.parametrize(
     ("stem", "changed", "position"),
-    [("research", research_changed, 2), ("crash_resumed", crash_resumed_changed, 2)],
+    [
+        ("research", research_changed, 2),
+        ("crash_resumed", crash_resumed_changed, 2),
+        # the change deployed without its guard, under a run recorded by the old code
+        ("patched_old_branch", patched_without_guard, 2),
+        # the old code under a run that took the new branch: the marker at 2 is stepped over,
+        # and the new branch's model call at 3 differs from the old one
+        ("patched", patched_before, 3),
+    ],
+    ids=["research", "crash_resumed", "unguarded-on-old-branch", "old-code-on-new-branch"],
 )
 def test_a_changed_workflow_raises_on_the_golden_history(
     databases: Databases, stem: str, changed: Callable[..., Any], position: int
@@ -252,6 +312,37 @@ def test_a_changed_workflow_raises_on_the_golden_history(
     assert raised.value.position == position
     first = next(e for e in history["events"] if e["step"] == position)
     assert raised.value.seq == first["seq"]
+
+
+def test_the_guard_can_come_out_once_only_new_branch_histories_are_left(
+    databases: Databases,
+) -> None:
+    """The code with the guard and the old branch removed replays a run that took the new
+    branch to its recorded result: the drive steps over the marker."""
+    history = load(GOLDEN / "patched.json")
+    store = install(history, databases.new("golden"))
+    markers = [e for e in history["events"] if e["kind"] == "CTX_RECORDED"]
+    assert [(e["step"], e["data"]) for e in markers] == [(2, codec.encode(PATCH_ID))]
+    with Runtime(store=store, workflows={"golden.patched": patched_without_guard}) as rt:
+        state = rt.replay(history["run_id"])
+    assert state.steps_executed == 0
+    [recomputed] = COMPUTED
+    assert codec.encode(recomputed) == history["result_text"]
+    assert recomputed["version"] == "v2"
+
+
+def test_the_patched_histories_took_one_branch_each() -> None:
+    """Both patched histories belong to the same workflow; only the new-branch one holds a
+    marker, and each result names the branch it took."""
+    new, old = load(GOLDEN / "patched.json"), load(GOLDEN / "patched_old_branch.json")
+    assert new["workflow"] == old["workflow"] == "golden.patched"
+    assert [json.loads(e["data"]) for e in new["events"] if e["kind"] == "CTX_RECORDED"] == [
+        PATCH_ID
+    ]
+    assert not [e for e in old["events"] if e["kind"] == "CTX_RECORDED"]
+    assert "RUN_RESUMED" in [e["kind"] for e in old["events"]]  # finished by another process
+    assert json.loads(new["result_text"])["version"] == "v2"
+    assert json.loads(old["result_text"])["version"] == "v1"
 
 
 def export_script() -> Any:
