@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from durabl import Runtime, crashpoints, events, replay
+from durabl import Runtime, codec, crashpoints, events, replay
 from durabl.journal import Journal, NewEvent
 from durabl.replay import History, StepRecord
-from durabl.steps import Step
+from durabl.steps import PatchMarker, Step
 from durabl.store import Commit, SideEffect
 from durabl.tools import Tool
 
@@ -123,6 +123,35 @@ class NoFingerprintCheck(Runtime):
         return super().decide(history, position, step)
 
 
+def _is_patch_marker(event: NewEvent) -> bool:
+    """A ctx value whose recorded value is a patch id with that id's fingerprint."""
+    kind, fp, data = event
+    if kind != events.CTX_RECORDED or data is None or not data.startswith('"'):
+        return False
+    value = codec.decode(data)
+    return isinstance(value, str) and PatchMarker(value).fingerprint == fp
+
+
+class _ForgetsPatchJournal(Journal):
+    def append(self, new: list[NewEvent], **rest: Any) -> None:
+        kept = [event for event in new if not _is_patch_marker(event)]
+        if kept or not new:
+            super().append(kept, **rest)
+
+
+class ForgetsPatchMarkers(Runtime):
+    """Never records a ``ctx.patched`` marker ("the branch is in the code, and the steps it
+    yields are recorded anyway").
+
+    Under unchanged code nothing shows: the next pass finds the marker's position empty and takes
+    the new branch again. Once the guard is taken out, a run that took the new branch has a hole
+    where the code now yields that branch's first step: the step runs again, and every step after
+    it meets the record of the one before.
+    """
+
+    journal_class = _ForgetsPatchJournal
+
+
 class DuplicatesEffects(Runtime):
     """Calls every tool twice. Not a plausible bug: if it got through, no figure means anything."""
 
@@ -151,6 +180,7 @@ __all__ = [
     "SPLIT_EFFECT_FIRST_GAP",
     "DuplicatesEffects",
     "ForgetsEffectRecord",
+    "ForgetsPatchMarkers",
     "IgnoresDispatched",
     "NoFingerprintCheck",
     "SkipsDispatchMarker",

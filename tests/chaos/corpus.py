@@ -5,7 +5,8 @@ fails its first call and is retried with backoff), IDEMPOTENT and AT_MOST_ONCE t
 and derived idempotency keys, a key asked for twice in one run and keys shared by two runs, Sleep
 timers (one of zero length), ctx.now/random/uuid, a tool retried with backoff after failing its
 first attempt, ToolFailed caught by the workflow (from an IDEMPOTENT tool that exhausts its
-retries and from an AT_MOST_ONCE tool that raises), and a long run of more than forty steps.
+retries and from an AT_MOST_ONCE tool that raises), a long run of more than forty steps, and
+``ctx.patched`` markers recorded before, between and after other steps.
 Compaction is not in the corpus: the grid's oracles read the whole log, which compaction folds
 away. tests/oracles/test_compaction.py kills compactions at every line, and the state machine in
 test_stateful.py compacts between random crashes.
@@ -238,6 +239,28 @@ def mixed(ctx: Any, topic: str) -> Any:
     return {"paid": paid, "sent": sent, "tag": tag}
 
 
+def patched(ctx: Any, topic: str) -> Any:
+    """``ctx.patched`` around other steps: a marker as the run's first record, before a model
+    call; one between a timer and an AT_MOST_ONCE charge; one between a ctx value and the end of
+    the run, its branch holding no step. Every run here meets each change for the first time, so
+    each marker is recorded and replayed True, and the old branches are never taken."""
+    if ctx.patched("chaos-plan-v2"):
+        plan = yield ModelCall(f"plan v2 for {topic}")
+    else:
+        plan = yield ModelCall(f"plan for {topic}")
+    yield Sleep(seconds=20)
+    if ctx.patched("chaos-pay-v2"):
+        paid = yield ToolCall("charge", {"amount": plan["tokens"], "memo": topic})
+    else:
+        paid = yield ToolCall("charge", {"amount": 1, "memo": topic})
+    sent = yield ToolCall(
+        "send", {"to": "patched", "body": plan["text"]}, idempotency_key=f"patched-{topic}"
+    )
+    stamp = ctx.uuid()
+    closing = "v2" if ctx.patched("chaos-close-v2") else "v1"
+    return {"paid": paid, "sent": sent, "stamp": stamp, "closing": closing}
+
+
 @dataclass(frozen=True)
 class Spec:
     """One workflow of the corpus and the runs a process boots with (started in this order)."""
@@ -259,6 +282,7 @@ CORPUS: tuple[Spec, ...] = (
     ),
     Spec("chaos.long", long, (("long-1", {"rounds": LONG_ROUNDS}),)),
     Spec("chaos.mixed", mixed, (("mixed-1", {"topic": "kelp"}),)),
+    Spec("chaos.patched", patched, (("patched-1", {"topic": "reefs"}),)),
 )
 SPECS = {spec.name: spec for spec in CORPUS}
 WORKFLOWS = {spec.name: spec.fn for spec in CORPUS}

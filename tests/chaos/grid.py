@@ -12,7 +12,7 @@ idempotency key has two effects in the world's ledger; nothing was guessed (ever
 step found inside its ambiguous window was dead-lettered, and nothing else was); no dead letter
 or key claim is left; a dry replay gives the recorded result and calls nothing; and the final
 state equals the uncrashed reference run of the workflow (ctx values compared by where they were
-recorded, not by value).
+recorded, not by value; ctx.patched markers by where they were recorded and the patch they name).
 
 Which occurrences exist is counted, not guessed: the uncrashed reference run counts every reach
 of every point in the first process, and the last process of each scenario counts the reaches of
@@ -41,6 +41,7 @@ from chaos.corpus import AT_MOST_ONCE_TOOLS, CORPUS, SPECS, WORKFLOWS, Spec, Wor
 from chaos.fanout import fan_out, workers_available
 from chaos.lives import LIVES, Death, Live, SharedClock, live_in_process
 from durabl import Runtime, codec, crashpoints
+from durabl.steps import PatchMarker
 from oracles.support import (
     Database,
     Snapshot,
@@ -86,10 +87,22 @@ def _normalise(text: str, values: list[tuple[str, str]]) -> str:
     return text
 
 
+def patch_markers(rows: list[tuple[Any, ...]]) -> list[list[Any]]:
+    """[step, patch id] for each ``ctx.patched`` marker in a run's log: a ctx value whose recorded
+    value is the patch id and whose fingerprint is that id's (docs/DECISIONS.md)."""
+    found = []
+    for _seq, kind, step, fp, data, _at in rows:
+        if kind == "CTX_RECORDED" and data is not None and data.startswith('"'):
+            value = json.loads(data)
+            if PatchMarker(value).fingerprint == fp:
+                found.append([step, value])
+    return found
+
+
 def final_state(snap: Snapshot, world: World) -> dict[str, Any]:
     """The final state, comparable between a crashed and an uncrashed run: each run's status,
-    result and fired timers, and the world's effects, with every ctx value replaced by where it
-    was recorded."""
+    result, fired timers and patch markers (where the run recorded that it took a new branch),
+    and the world's effects, with every ctx value replaced by where it was recorded."""
     values = _ctx_values(snap)
     runs = {}
     for run_id, (_, status, result, error, _wake) in snap.runs.items():
@@ -98,6 +111,7 @@ def final_state(snap: Snapshot, world: World) -> dict[str, Any]:
             "result": _normalise(result or "null", values),
             "error": error,
             "timers": sum(1 for e in snap.events[run_id] if e[1] == "TIMER_FIRED"),
+            "patches": patch_markers(snap.events[run_id]),
         }
     effects = sorted(
         _normalise(json.dumps(record, sort_keys=True), values) for record in world.effects.records()

@@ -162,6 +162,26 @@ def reads_entropy(ctx: Any) -> Any:
     return [found, sent]
 
 
+def patched(ctx: Any, to: str) -> Any:
+    """A prompt changed behind ``ctx.patched``; every run here takes the new branch."""
+    found = yield ToolCall("search", {"q": "one"})
+    if ctx.patched("negative-plan-v2"):
+        plan = yield ModelCall(f"plan v2 for {to}")
+    else:
+        plan = yield ModelCall(f"plan for {to}")
+    sent = yield ToolCall("send", {"to": to, "body": plan["text"]})
+    return [found, plan["text"], sent]
+
+
+def guard_taken_out(ctx: Any, to: str) -> Any:
+    """``patched`` once no run that took the old branch is left: the guard and the old branch
+    are gone. A run that took the new branch must finish under it exactly as it would have."""
+    found = yield ToolCall("search", {"q": "one"})
+    plan = yield ModelCall(f"plan v2 for {to}")
+    sent = yield ToolCall("send", {"to": to, "body": plan["text"]})
+    return [found, plan["text"], sent]
+
+
 WORKFLOWS: dict[str, Callable[..., Any]] = {
     "negative.tools_only": tools_only,
     "negative.one_tool": one_tool,
@@ -169,6 +189,7 @@ WORKFLOWS: dict[str, Callable[..., Any]] = {
     "negative.original": original,
     "negative.reads_inbox": reads_inbox,
     "negative.reads_entropy": reads_entropy,
+    "negative.patched": patched,
 }
 CHANGED: dict[str, Callable[..., Any]] = {
     "other args": other_args,
@@ -176,6 +197,9 @@ CHANGED: dict[str, Callable[..., Any]] = {
     "other tool": other_tool,
 }
 """Code deployed under the name ``negative.original`` while its run is interrupted."""
+LATER: dict[str, Callable[..., Any]] = {"guard taken out": guard_taken_out}
+"""A later version of a workflow, deployed while its run is interrupted, that must finish the run
+as the original code would (``Scenario.deployed``)."""
 
 
 # -- scenarios and schedules ---------------------------------------------------------------------
@@ -189,6 +213,8 @@ class Scenario:
     death and before run A resumes. ``changed_to``: the code resumed first is this version of
     the workflow, then the original is deployed again. ``drifts``: the workflow reads the world
     directly and the world changes meanwhile, so there is no right code to go back to.
+    ``deployed``: the recovery runs this later version of the workflow (``LATER``), which must
+    finish the run with the reference's result and effects.
     """
 
     name: str
@@ -197,6 +223,7 @@ class Scenario:
     second_run: bool = False
     changed_to: str | None = None
     drifts: bool = False
+    deployed: str | None = None
 
     @property
     def expects_nondeterminism(self) -> bool:
@@ -250,6 +277,9 @@ DRIFTING = [
     Scenario("reads a file directly", "negative.reads_inbox", drifts=True),
     Scenario("reads entropy directly", "negative.reads_entropy", drifts=True),
 ]
+GUARD_OUT = Scenario(
+    "guard taken out", "negative.patched", {"to": "ops"}, deployed="guard taken out"
+)
 CHARGE_POSITIONS_IN_TOOLS = (2, 4)
 """Which tool calls of ``tools_only`` are AT_MOST_ONCE."""
 
@@ -287,6 +317,21 @@ def forgotten_record_schedules() -> list[Schedule]:
         *(Schedule(TOOLS, crashpoints.AFTER_STEP_COMMITTED, n) for n in range(1, 5)),
         *(Schedule(s, crashpoints.AFTER_STEP_COMMITTED, 1) for s in SHARED.values()),
     ]
+
+
+def patch_schedules(scenario: Scenario = GUARD_OUT) -> list[Schedule]:
+    """Deaths once the new branch's model call is recorded (the marker before it would be too),
+    so that the recovery, under the code with the guard taken out, replays past the marker.
+    Before that point the log ends before the marker, and the new code executes from there."""
+    after_the_branch = [
+        (crashpoints.AFTER_STEP_COMMITTED, 2),
+        (crashpoints.BEFORE_STEP_STARTED, 3),
+        (crashpoints.AFTER_STEP_STARTED, 3),
+        (crashpoints.AFTER_TOOL_RETURNED, 2),
+        (crashpoints.AFTER_STEP_COMMITTED, 3),
+        (crashpoints.BEFORE_RUN_COMPLETED, 1),
+    ]
+    return [Schedule(scenario, point, n) for point, n in after_the_branch]
 
 
 @dataclass(frozen=True)
@@ -333,6 +378,12 @@ BROKEN = (
         broken.ForgetsEffectRecord,
         "completions are committed without their side_effects row",
         lambda _: forgotten_record_schedules(),
+    ),
+    Variant(
+        "forgets patch markers",
+        broken.ForgetsPatchMarkers,
+        "ctx.patched takes the new branch without recording it",
+        lambda _: patch_schedules(),
     ),
     Variant(
         "duplicates effects",
@@ -562,7 +613,7 @@ class Bench:
             if scenario.expects_nondeterminism:
                 self._resume_expecting_nondeterminism(runtime, db, scenario, outcome)
             if expected is not None:
-                with runtime() as rt:
+                with runtime(self._recovery_code(scenario)) as rt:
                     self._recover(rt, clock, world, db, scenario, outcome)
         except ProcessDeath:
             raise
@@ -580,6 +631,13 @@ class Bench:
             with outcome.judged_by(FINAL):
                 assert seen == expected.ledger, f"ledger {dict(seen)} != {dict(expected.ledger)}"
         return outcome
+
+    @staticmethod
+    def _recovery_code(scenario: Scenario) -> dict[str, Callable[..., Any]] | None:
+        """The workflows the recovery runs: a later version of the scenario's, if it has one."""
+        if scenario.deployed is None:
+            return None
+        return {**WORKFLOWS, scenario.workflow: LATER[scenario.deployed]}
 
     def _first_process(
         self,

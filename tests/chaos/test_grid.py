@@ -18,7 +18,8 @@ from collections.abc import Iterator
 import pytest
 
 from chaos import grid
-from chaos.corpus import CORPUS
+from chaos.corpus import CORPUS, SPECS
+from chaos.lives import MODES, Death
 from durabl import crashpoints
 
 CHAOS = os.environ.get("DURABL_CHAOS", "sample")
@@ -28,6 +29,16 @@ MINIMUM = {
     "full": {"in-process": 14_000, "sigkill": 1500},
 }
 """Counted scenarios per mode: the grid must not silently shrink."""
+PATCH_MARKERS = [[1, "chaos-plan-v2"], [4, "chaos-pay-v2"], [8, "chaos-close-v2"]]
+"""Where ``chaos.patched`` records its markers: before its model call, after its timer, last."""
+AROUND_A_MARKER = {
+    crashpoints.AFTER_RUN_STARTED,  # the first marker is the run's first record
+    crashpoints.BEFORE_CTX_RECORDED,  # drawn, not recorded
+    crashpoints.BEFORE_STEP_STARTED,  # recorded, the step of its branch not begun
+    crashpoints.AFTER_TIMER_FIRED,  # the step before the second marker
+    crashpoints.BEFORE_RUN_COMPLETED,  # after the last marker
+    crashpoints.DURING_REPLAY,  # a recovery replaying past recorded markers
+}
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +112,41 @@ def test_crash_points_are_off_once_the_grid_is_done(tally: grid.Tally) -> None:
     """Production has no hook: the harness leaves none behind."""
     assert tally.verdicts
     assert crashpoints._hooks == []
+
+
+def test_patch_markers_end_where_the_uncrashed_run_recorded_them(tally: grid.Tally) -> None:
+    """The final state holds each run's ctx.patched markers (position and patch id), so a marker
+    recorded twice, lost or moved by a death is a divergence; here, directly: every counted
+    scenario of ``chaos.patched``, in both modes, ends with the same three, and deaths fell at
+    every point around recording one."""
+    verdicts = [v for v in tally.counted() if v.workflow == "chaos.patched"]
+    assert {v.mode for v in verdicts} == set(MODES)
+    assert all(v.final["runs"]["patched-1"]["patches"] == PATCH_MARKERS for v in verdicts)
+    for mode in MODES:
+        died = {death.point for v in verdicts if v.mode == mode for death in v.plan}
+        assert died >= AROUND_A_MARKER, (mode, sorted(AROUND_A_MARKER - died))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_death_before_each_ctx_record_of_the_patched_workflow_changes_nothing(
+    mode: str,
+) -> None:
+    """The sample kills ``chaos.patched`` before its first and its last ctx record; this kills
+    it before each (its markers are records 1, 2 and 4, its uuid record 3), so that every
+    marker is lost once as it is drawn. The resumed run must record it again, once, where the
+    uncrashed run did."""
+    spec = SPECS["chaos.patched"]
+    scratch = grid.scratch_dir()
+    try:
+        ref = grid.reference(scratch, spec)
+        assert ref.final["runs"]["patched-1"]["patches"] == PATCH_MARKERS
+        assert '"stamp":"<ctx patched-1:7>"' in ref.final["runs"]["patched-1"]["result"]
+        records = ref.reaches[crashpoints.BEFORE_CTX_RECORDED]
+        assert records == 4
+        for n in range(1, records + 1):
+            plan = (Death(crashpoints.BEFORE_CTX_RECORDED, n),)
+            v = grid.run_scenario(scratch, mode, spec, plan, ref)
+            assert v.counted and not v.failures, (v.label, v.failures)
+            assert v.final == ref.final
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

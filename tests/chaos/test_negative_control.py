@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,8 @@ from .negative_control import (
     AT_REST,
     BROKEN,
     CONTROL,
+    FINAL,
+    GUARD_OUT,
     SHARED,
     TOOLS,
     TORN,
@@ -31,6 +34,7 @@ from .negative_control import (
     Bench,
     Variant,
     control_schedules,
+    patch_schedules,
 )
 
 SPLIT = {
@@ -138,3 +142,20 @@ def test_the_real_runtime_has_no_instant_between_effect_and_completion(bench: Be
         seen, torn = bench.inspect_every_point(cls, TOOLS)
         assert seen[probe] == 4
         assert len([t for t in torn if t.startswith(f"{probe} ")]) == 4, torn
+
+
+def test_a_forgotten_patch_marker_shows_once_the_guard_is_taken_out(bench: Bench) -> None:
+    """Under unchanged code a run whose marker was never recorded finishes as it should: the
+    next pass finds the marker's position empty and takes the new branch again. So the schedules
+    deploy the code with the guard taken out before the recovery, as a team does once the old
+    runs are finished: the real runtime steps over the marker, the broken one runs the branch's
+    model call again and is held at the step after it."""
+    [variant] = [v for v in BROKEN if v.runtime is broken.ForgetsPatchMarkers]
+    caught = bench.run_variant(variant)
+    assert all(o.died and set(o.flags) == {FINAL} for o in caught.outcomes)
+
+    unchanged = replace(GUARD_OUT, name="patched, code unchanged", deployed=None)
+    same_code = replace(variant, schedules=lambda _: patch_schedules(unchanged))
+    missed = bench.run_variant(same_code)
+    assert len(missed.outcomes) == len(caught.outcomes)
+    assert all(o.died and not o.flagged for o in missed.outcomes)

@@ -210,9 +210,7 @@ def test_a_wait_that_cannot_be_is_refused_by_name(
         WaitSignal(name, **kwargs)
 
 
-def test_a_worker_drives_the_run_on_when_another_process_signals_it(
-    db: str, clock: Clock
-) -> None:
+def test_a_worker_drives_the_run_on_when_another_process_signals_it(db: str, clock: Clock) -> None:
     """On PostgreSQL the signal itself wakes the worker (NOTIFY): it looks for work only every
     minute here. A SQLite file has no way to tell another process, so the worker finds the run,
     made due by the signal, at its next look."""
