@@ -93,3 +93,27 @@ def test_an_unreachable_server_is_one_finding(url: str) -> None:
     ((check, message),) = failed(report)
     assert check == "open"
     assert message.startswith("postgresql://127.0.0.1:1/nothing: cannot connect to PostgreSQL")
+
+
+def test_a_database_of_an_older_schema_is_migrated_by_a_writer_and_named_to_a_reader(
+    url: str,
+) -> None:
+    """A database left at schema v1 (before signals), as an older durabl made it: a read-only
+    command says what to do instead of failing on a missing table, and a runtime migrates it."""
+    from durabl.errors import OlderSchemaError
+    from durabl.store import open_store
+    from durabl.store.postgres import MIGRATIONS
+
+    first = dict(MIGRATIONS)[1]
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA durabl")
+        conn.execute(first.encode())
+        conn.execute("INSERT INTO durabl.meta (application, schema_version) VALUES ('durabl', 1)")
+    with pytest.raises(OlderSchemaError, match="schema v1, older than this durabl's v2"):
+        open_store(url, read_only=True)
+    run_id = seeded(url)  # a runtime opens it: migrated, then used
+    with Runtime(url) as rt:
+        assert rt.state(run_id).status == "COMPLETED"
+        assert rt.store.signals(run_id) == []
+    code, report = doctor(url)
+    assert (code, failed(report)) == (0, [])

@@ -34,6 +34,18 @@ class SchemaVersionError(StorageError):
         )
 
 
+class OlderSchemaError(StorageError, refines=True):
+    """The database was written by an older durabl, and a read-only look cannot migrate it."""
+
+    def __init__(self, *, path: str, found: int, supported: int) -> None:
+        self.path, self.found, self.supported = path, found, supported
+        super().__init__(
+            f"{path} has durabl schema v{found}, older than this durabl's v{supported}; a "
+            f"read-only command does not migrate it: open it once with a runtime (a worker, "
+            f"resume, tick), which does"
+        )
+
+
 class NotADatabaseError(StorageError, refines=True):
     """The file is not a durabl database, and durabl will not touch it."""
 

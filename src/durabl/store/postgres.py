@@ -46,6 +46,7 @@ from durabl.errors import (
     LeaseLost,
     LogGapError,
     NoRunToCompactError,
+    OlderSchemaError,
     PostgresError,
     SchemaVersionError,
     ServerUnreachableError,
@@ -238,6 +239,8 @@ class PostgresStore:
                 return
             if version is not None and version > SCHEMA_VERSION:
                 raise SchemaVersionError(path=self.path, found=version, supported=SCHEMA_VERSION)
+            if self.read_only and version is not None:
+                raise OlderSchemaError(path=self.path, found=version, supported=SCHEMA_VERSION)
             if self.read_only:
                 raise UninitialisedError(path=self.path)
             with conn.transaction():
