@@ -31,6 +31,7 @@ from durabl import TIMED_OUT, Runtime, ToolCall, WaitSignal, events, workflow
 from durabl.crashpoints import AFTER_STEP_COMMITTED, CrashAt, ProcessDeath
 from durabl.errors import EncodingError, RunEndedError, RunNotFoundError
 from durabl.store import Commit, open_store
+from durabl.store.reads import waiting_for
 
 T0_S = 1_800_000_000.0
 HOUR_S = 3600.0
@@ -178,6 +179,29 @@ def test_a_signal_pending_while_the_wait_is_parked_makes_the_run_due_now(
         Commit(run_id, wake_at_s=None, at_s=later_s, fence=token, wake_on_signal="answer")
     )
     assert rt.store.due_runs(later_s) == [run_id]
+
+
+def test_a_waiting_run_keeps_its_timeout_when_a_signal_makes_it_due(
+    rt: Runtime, clock: Clock
+) -> None:
+    """What ``durabl runs`` and the dashboard say a run waits for: a signal sent to it makes it
+    due, but does not move when its wait times out, nor give a timeout to a wait that has none."""
+    timed = rt.start(approval, {"draft": "memo"})  # waits for 'approve', for an hour
+    untimed = rt.start(two_answers)  # waits for 'answer', for ever
+    clock.now_s += 60
+    rt.signal(timed, "approve", {"ok": True})
+    rt.signal(untimed, "not what it waits for", 1)
+    assert sorted(rt.store.due_runs(clock.now_s)) == sorted([timed, untimed])
+
+    def timeout_at_s(run_id: str) -> float | None:
+        row = rt.store.get_run(run_id)
+        assert row is not None
+        wait = waiting_for(rt.store, row)
+        assert wait is not None
+        return wait["timeout_at_s"]
+
+    assert timeout_at_s(untimed) is None
+    assert timeout_at_s(timed) == T0_S + HOUR_S
 
 
 def test_signals_to_the_wrong_place_are_refused_and_write_nothing(rt: Runtime) -> None:

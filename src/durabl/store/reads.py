@@ -28,8 +28,13 @@ def waiting_for(store: Store, row: RunRow) -> dict[str, Any] | None:
     of its log, which ends with the wait's events."""
     if row.status != events.WAITING:
         return None
+    armed: dict[int, float] = {}
     for event in reversed(store.load_log(row.run_id)):
+        if event.kind == events.TIMER_ARMED:
+            armed[event.step] = codec.decode(event.data or "{}")["fire_at_s"]
         if event.kind == events.STEP_STARTED and (event.data or "").startswith('["signal"'):
             _, name, _timeout = codec.decode(event.data or "[]")
-            return {"signal": name, "since_s": event.at_s, "timeout_at_s": row.wake_at_s}
+            # The wait's own deadline: the run's timer is moved to now when a signal comes.
+            timeout_at_s = armed.get(event.step)
+            return {"signal": name, "since_s": event.at_s, "timeout_at_s": timeout_at_s}
     return None
