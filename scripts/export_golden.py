@@ -2,8 +2,9 @@
 
 Each scenario runs a workflow from tests/oracles/test_golden_histories.py for real, against the
 deterministic model and tools defined there, with a fixed clock and a fixed run id, then exports
-the run's events table rows (seq, kind, step, fp, data, at_s) and its final row as JSON. Process
-identities (pid, host, runtime instance id) are normalised so that two exports are byte-identical.
+the run's events table rows (seq, kind, step, fp, data, at_s), its final row and the signals sent
+to it (if any: id, name, payload, sent_s, delivered_step) as JSON. Process identities (pid,
+host, runtime instance id) are normalised so that two exports are byte-identical.
 
     python scripts/export_golden.py                     # rewrite tests/oracles/golden/*.json
     python scripts/export_golden.py OUT_DIR             # write somewhere else
@@ -118,6 +119,21 @@ def patched_old_branch(db: Path, clock: FixedClock) -> str:
     return run_id
 
 
+def signalled(db: Path, clock: FixedClock) -> str:
+    """A run that parks on its approval; the answer to its second wait comes first, before
+    the run reaches that wait, then the approval; its third wait is never answered."""
+    with _runtime(db, clock) as rt:
+        run_id = rt.start("golden.approval", {"topic": "kelp"}, run_id="golden-signalled")
+        clock.now_s += 30
+        rt.signal(run_id, "budget", {"amount": 30})
+        clock.now_s += 30
+        rt.signal(run_id, "approve", {"by": "ana"})
+        rt.tick()
+        clock.now_s += 600
+        rt.tick()
+    return run_id
+
+
 SCENARIOS: dict[str, Callable[[Path, FixedClock], str]] = {
     "research": research,
     "retry_and_fallback": retry_and_fallback,
@@ -125,6 +141,7 @@ SCENARIOS: dict[str, Callable[[Path, FixedClock], str]] = {
     "failing": failing,
     "patched": patched,
     "patched_old_branch": patched_old_branch,
+    "signalled": signalled,
 }
 
 
@@ -150,6 +167,11 @@ def _history(db: Path, run_id: str) -> dict[str, Any]:
             "SELECT seq, kind, step, fp, data, at_s FROM events WHERE run_id = ? ORDER BY seq",
             (run_id,),
         ).fetchall()
+        sent = conn.execute(
+            "SELECT id, name, payload, sent_s, delivered_step FROM signals WHERE run_id = ? "
+            "ORDER BY id",
+            (run_id,),
+        ).fetchall()
     owners: dict[str, str] = {}
     events = [
         {
@@ -162,7 +184,7 @@ def _history(db: Path, run_id: str) -> dict[str, Any]:
         }
         for seq, kind, step, fp, data, at_s in rows
     ]
-    return {
+    history = {
         "run_id": run_id,
         "workflow": workflow,
         "input": json.loads(input_text),
@@ -171,6 +193,12 @@ def _history(db: Path, run_id: str) -> dict[str, Any]:
         "error": error,
         "events": events,
     }
+    if sent:  # only a run that was sent signals has the key: older files stay as recorded
+        history["signals"] = [
+            dict(zip(("id", "name", "payload", "sent_s", "delivered_step"), row, strict=True))
+            for row in sent
+        ]
+    return history
 
 
 def export(out_dir: Path, only: list[str] | None = None) -> list[Path]:

@@ -152,6 +152,21 @@ class ForgetsPatchMarkers(Runtime):
     journal_class = _ForgetsPatchJournal
 
 
+class _ForgetsDeliveryJournal(Journal):
+    def append(
+        self, new: list[NewEvent], *, deliver_signal: int | None = None, **rest: Any
+    ) -> None:
+        super().append(new, **rest)
+
+
+class ForgetsSignalDelivery(Runtime):
+    """Completes a wait with the signal it took, but never marks the signal delivered ("the
+    wait's completion records which signal it took"): the signal stays pending, and the next
+    wait of its name takes it again."""
+
+    journal_class = _ForgetsDeliveryJournal
+
+
 class DuplicatesEffects(Runtime):
     """Calls every tool twice. Not a plausible bug: if it got through, no figure means anything."""
 
@@ -181,6 +196,7 @@ __all__ = [
     "DuplicatesEffects",
     "ForgetsEffectRecord",
     "ForgetsPatchMarkers",
+    "ForgetsSignalDelivery",
     "IgnoresDispatched",
     "NoFingerprintCheck",
     "SkipsDispatchMarker",

@@ -5,8 +5,10 @@ fails its first call and is retried with backoff), IDEMPOTENT and AT_MOST_ONCE t
 and derived idempotency keys, a key asked for twice in one run and keys shared by two runs, Sleep
 timers (one of zero length), ctx.now/random/uuid, a tool retried with backoff after failing its
 first attempt, ToolFailed caught by the workflow (from an IDEMPOTENT tool that exhausts its
-retries and from an AT_MOST_ONCE tool that raises), a long run of more than forty steps, and
-``ctx.patched`` markers recorded before, between and after other steps.
+retries and from an AT_MOST_ONCE tool that raises), a long run of more than forty steps,
+``ctx.patched`` markers recorded before, between and after other steps, and ``WaitSignal``s
+with and without a timeout: answered after the wait parked, answered before the run reached
+it, and never answered (the signals a spec's ``answers`` say the driver sends).
 Compaction is not in the corpus: the grid's oracles read the whole log, which compaction folds
 away. tests/oracles/test_compaction.py kills compactions at every line, and the state machine in
 test_stateful.py compacts between random crashes.
@@ -26,7 +28,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from durabl import ModelCall, RetryPolicy, Sleep, ToolCall, ToolFailed, tool
+from durabl import (
+    TIMED_OUT,
+    ModelCall,
+    RetryPolicy,
+    Sleep,
+    ToolCall,
+    ToolFailed,
+    WaitSignal,
+    tool,
+)
 from oracles.support import Outbox
 
 MODEL_RETRY = RetryPolicy(max_attempts=3, base_delay=2.0)
@@ -261,13 +272,57 @@ def patched(ctx: Any, topic: str) -> Any:
     return {"paid": paid, "sent": sent, "stamp": stamp, "closing": closing}
 
 
+APPROVE_WITHIN_S = 86400.0
+"""Far longer than the driver ever takes to answer (its clock jumps an hour at most between two
+looks, whatever deaths come between): the answered wait never times out."""
+REPLY_WITHIN_S = 600.0
+"""The wait nobody answers: the driver's jumps pass it within a few turns."""
+
+
+def signalled(ctx: Any, topic: str) -> Any:
+    """``WaitSignal`` between other steps: a wait with a timeout, parked and answered later;
+    one without, whose signal was sent before the run reached it (taken at once); one with a
+    timeout that nobody answers (``TIMED_OUT``, the fallback taken); and one without a timeout,
+    parked and answered later. What the signals said flows into the steps after them."""
+    draft = yield ModelCall(f"draft about {topic}")
+    verdict = yield WaitSignal("approve", timeout=APPROVE_WITHIN_S)
+    if verdict is TIMED_OUT:
+        return "the approval timed out"  # never: the driver answers in time
+    sent = yield ToolCall(
+        "send",
+        {"to": verdict["by"], "body": draft["text"]},
+        idempotency_key=f"approved-{topic}",
+    )
+    budget = yield WaitSignal("budget")
+    paid = yield ToolCall("charge", {"amount": budget["amount"], "memo": topic})
+    reply = yield WaitSignal("reply", timeout=REPLY_WITHIN_S)
+    chased = "nobody replied" if reply is TIMED_OUT else reply
+    closing = yield WaitSignal("close")
+    told = yield ToolCall("send", {"to": "closing", "body": f"{chased}; {closing}"})
+    return {"sent": sent, "paid": paid, "chased": chased, "closing": closing, "told": told}
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A signal the driver sends, once: to ``run_id``, as soon as that run waits for the signal
+    ``once_waiting_for`` (its own name, or an earlier wait's: then it is sent before the run
+    reaches the wait it is for)."""
+
+    run_id: str
+    name: str
+    payload: Any
+    once_waiting_for: str
+
+
 @dataclass(frozen=True)
 class Spec:
-    """One workflow of the corpus and the runs a process boots with (started in this order)."""
+    """One workflow of the corpus, the runs a process boots with (started in this order), and
+    the signals the driver sends them (looked at in this order)."""
 
     name: str
     fn: Callable[..., Any]
     runs: tuple[tuple[str, dict[str, Any]], ...]
+    answers: tuple[Answer, ...] = ()
 
 
 CORPUS: tuple[Spec, ...] = (
@@ -283,6 +338,16 @@ CORPUS: tuple[Spec, ...] = (
     Spec("chaos.long", long, (("long-1", {"rounds": LONG_ROUNDS}),)),
     Spec("chaos.mixed", mixed, (("mixed-1", {"topic": "kelp"}),)),
     Spec("chaos.patched", patched, (("patched-1", {"topic": "reefs"}),)),
+    Spec(
+        "chaos.signal",
+        signalled,
+        (("signal-1", {"topic": "kelp"}),),
+        (
+            Answer("signal-1", "budget", {"amount": 30}, once_waiting_for="approve"),
+            Answer("signal-1", "approve", {"by": "ana"}, once_waiting_for="approve"),
+            Answer("signal-1", "close", "closed by ana", once_waiting_for="close"),
+        ),
+    ),
 )
 SPECS = {spec.name: spec for spec in CORPUS}
 WORKFLOWS = {spec.name: spec.fn for spec in CORPUS}

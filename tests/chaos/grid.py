@@ -5,14 +5,17 @@ A scenario is a workflow and a plan: the deaths its successive processes take (`
 a crash point and the occurrence of it, counted within that process). After the planned deaths
 a last process finishes the runs. Every death mode (``lives.MODES``) takes the same plans.
 
-Before anything resumes after a death, the crashed database is read read-only and checked: the log,
-the side effects and the key claims agree (no torn write), the log has no hole, no timer fired
-twice or early. After the last process, the same again, and: every timer fired exactly once; no
-idempotency key has two effects in the world's ledger; nothing was guessed (every AT_MOST_ONCE
-step found inside its ambiguous window was dead-lettered, and nothing else was); no dead letter
-or key claim is left; a dry replay gives the recorded result and calls nothing; and the final
-state equals the uncrashed reference run of the workflow (ctx values compared by where they were
-recorded, not by value; ctx.patched markers by where they were recorded and the patch they name).
+Before anything resumes after a death, the crashed database is read read-only and checked: the
+log, the side effects and the key claims agree (no torn write), the log and the signals table
+agree on every delivery (none taken twice, or out of order), the log has no hole, no timer fired
+twice or early (a wait's timeout included). After the last process, the same again, and: every
+timer fired exactly once (or ended its wait); no idempotency key has two effects in the world's
+ledger; nothing was guessed (every AT_MOST_ONCE step found inside its ambiguous window was
+dead-lettered, and nothing else was); no dead letter or key claim is left; a dry replay gives
+the recorded result and calls nothing; and the final state equals the uncrashed reference run of
+the workflow (ctx values compared by where they were recorded, not by value; ctx.patched markers
+by where they were recorded and the patch they name; signals by which wait took each, and
+timeouts by which waits ended so).
 
 Which occurrences exist is counted, not guessed: the uncrashed reference run counts every reach
 of every point in the first process, and the last process of each scenario counts the reaches of
@@ -46,6 +49,7 @@ from oracles.support import (
     Database,
     Snapshot,
     assert_log_and_effects_agree,
+    assert_signals_delivered_once,
     assert_snapshot_gapless,
     assert_snapshot_timers,
     assert_steps_finish_once,
@@ -99,10 +103,30 @@ def patch_markers(rows: list[tuple[Any, ...]]) -> list[list[Any]]:
     return found
 
 
+def signals(snap: Snapshot, run_id: str) -> list[list[Any]]:
+    """[id, name, the step of the wait that took it (None: no wait has)] for each signal sent
+    to the run, in the order sent."""
+    return [
+        [signal_id, name, delivered]
+        for signal_id, name, _payload, _sent_s, delivered in snap.signals.get(run_id, [])
+    ]
+
+
+def timeouts(snap: Snapshot, run_id: str) -> list[int]:
+    """The steps of the run's waits that timed out, taking no signal."""
+    waits = snap.waits(run_id)
+    return [
+        step
+        for _seq, kind, step, _fp, data, _at in snap.events[run_id]
+        if kind == "STEP_COMPLETED" and step in waits and '"timed_out":true' in (data or "")
+    ]
+
+
 def final_state(snap: Snapshot, world: World) -> dict[str, Any]:
     """The final state, comparable between a crashed and an uncrashed run: each run's status,
-    result, fired timers and patch markers (where the run recorded that it took a new branch),
-    and the world's effects, with every ctx value replaced by where it was recorded."""
+    result, fired timers, patch markers (where the run recorded that it took a new branch),
+    signals (which wait took each) and waits that timed out, and the world's effects, with
+    every ctx value replaced by where it was recorded."""
     values = _ctx_values(snap)
     runs = {}
     for run_id, (_, status, result, error, _wake) in snap.runs.items():
@@ -112,6 +136,8 @@ def final_state(snap: Snapshot, world: World) -> dict[str, Any]:
             "error": error,
             "timers": sum(1 for e in snap.events[run_id] if e[1] == "TIMER_FIRED"),
             "patches": patch_markers(snap.events[run_id]),
+            "signals": signals(snap, run_id),
+            "timeouts": timeouts(snap, run_id),
         }
     effects = sorted(
         _normalise(json.dumps(record, sort_keys=True), values) for record in world.effects.records()
@@ -214,6 +240,7 @@ def reference(scratch: Path, spec: Spec, place: Place = file_in) -> Reference:
         assert all(run["status"] == "COMPLETED" for run in final["runs"].values()), final
         assert not duplicate_effects(world), final
         assert_log_and_effects_agree(snap)
+        assert_signals_delivered_once(snap)
         assert_snapshot_timers(snap, finished=True)
         assert_steps_finish_once(snap, finished=True)
         return Reference(final, life.reaches)
@@ -262,6 +289,7 @@ def _scenario(
         snap = Snapshot(db)
         after = f"after death {number} ({death})"
         v.check(f"torn write {after}", assert_log_and_effects_agree, snap)
+        v.check(f"signals {after}", assert_signals_delivered_once, snap)
         v.check(f"gapless {after}", assert_snapshot_gapless, snap)
         v.check(f"timers {after}", assert_snapshot_timers, snap, finished=False)
         v.check(f"steps once {after}", assert_steps_finish_once, snap, finished=False)
@@ -295,6 +323,7 @@ def _final_checks(
         v.diverged = True
         v.failures.append(f"final state {v.final} differs from the reference {ref.final}")
     v.check("torn write at the end", assert_log_and_effects_agree, snap)
+    v.check("signals at the end", assert_signals_delivered_once, snap)
     v.check("gapless at the end", assert_snapshot_gapless, snap)
     v.check("timers at the end", assert_snapshot_timers, snap, finished=True)
     v.check("steps once at the end", assert_steps_finish_once, snap, finished=True)

@@ -2,7 +2,9 @@
 
 Every process boots the way an agent script does: ``resume_all``, start its runs (idempotently,
 by run id), then drive them to rest with the injected clock moving on in jumps, acting as a
-correct operator on dead letters. It ends when its runs have finished, or at its planned death:
+correct operator on dead letters, and as the people who answer a run's waits: each signal of the
+spec's ``answers`` is sent once its moment has come, by whichever process looks first. It ends
+when its runs have finished, or at its planned death:
 
 - ``in-process`` (mode a): the planned reach raises ``ProcessDeath`` through ``CrashAt``; the
   Runtime is dropped and the next process builds a fresh one on the same file;
@@ -27,12 +29,13 @@ from mmap import mmap
 from pathlib import Path
 from typing import Any
 
-from chaos.corpus import MODEL_RETRY, WORKFLOWS, Spec, World
+from chaos.corpus import MODEL_RETRY, WORKFLOWS, Answer, Spec, World
 from durabl import Runtime, crashpoints
 from durabl.crashpoints import CrashAt, ProcessDeath
 from durabl.errors import InvalidStateError
 from durabl.runtime import DeadLetter
 from durabl.steps import derived_key
+from durabl.store.reads import waiting_for
 from oracles.support import START_S, Clock, Database
 
 MODES = ("in-process", "sigkill")
@@ -95,15 +98,23 @@ def boot(db: Database, root: Path, spec: Spec, clock: Clock) -> None:
         rt.resume_all()
         for run_id, run_input in spec.runs:
             rt.start(spec.name, run_input, run_id=run_id)
-        drive(rt, clock, world, [run_id for run_id, _ in spec.runs])
+        answer(rt, spec.answers)
+        drive(rt, clock, world, [run_id for run_id, _ in spec.runs], spec.answers)
     finally:
         rt.close()
 
 
-def drive(rt: Runtime, clock: Clock, world: World, run_ids: Sequence[str]) -> None:
+def drive(
+    rt: Runtime,
+    clock: Clock,
+    world: World,
+    run_ids: Sequence[str],
+    answers: Sequence[Answer] = (),
+) -> None:
     """resume_all + tick with the clock jumping on until every run has finished. The operator
     comes only when nothing else can move: the other runs go on meanwhile, so a run that reaches
-    a key whose first holder is dead-lettered finds the key in the same ambiguous state."""
+    a key whose first holder is dead-lettered finds the key in the same ambiguous state. The
+    answers due are sent at every turn, before the clock moves on."""
     for turn in range(DRIVE_LIMIT):
         statuses = {rt.state(run_id).status for run_id in run_ids}
         if statuses <= set(FINISHED):
@@ -111,10 +122,24 @@ def drive(rt: Runtime, clock: Clock, world: World, run_ids: Sequence[str]) -> No
         if statuses <= {*FINISHED, "DEAD_LETTERED"}:
             operate(rt, world, rt.dead_letters()[0])
             continue
+        answer(rt, answers)
         rt.resume_all()
         clock.advance(JUMPS_S[turn % len(JUMPS_S)])
         rt.tick()
     raise AssertionError(f"runs did not come to rest: {[rt.state(r) for r in run_ids]}")
+
+
+def answer(rt: Runtime, answers: Sequence[Answer]) -> None:
+    """Send every answer whose run now waits for what the answer waits for, unless a process
+    sent it already: the signals table says which were sent, so a death (a send is one
+    transaction, with no crash point in it) never makes one go twice or never."""
+    for due in answers:
+        row = rt.store.get_run(due.run_id)
+        waiting = None if row is None else waiting_for(rt.store, row)
+        if waiting is None or waiting["signal"] != due.once_waiting_for:
+            continue
+        if all(sent.name != due.name for sent in rt.store.signals(due.run_id)):
+            rt.signal(due.run_id, due.name, due.payload)
 
 
 def operate(rt: Runtime, world: World, letter: DeadLetter) -> None:

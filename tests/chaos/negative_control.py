@@ -26,11 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from durabl import (
+    TIMED_OUT,
     ModelCall,
     NonDeterminismError,
+    RunState,
     Runtime,
     Sleep,
     ToolCall,
+    WaitSignal,
     codec,
     crashpoints,
 )
@@ -38,15 +41,19 @@ from durabl.crashpoints import CrashAt, ProcessDeath
 from durabl.steps import derived_key
 from oracles.support import (
     Clock,
+    Snapshot,
     World,
     assert_effects_match_log,
     assert_gapless,
+    assert_signals_delivered_once,
     drive_to_rest,
     event_rows,
     side_effect_rows,
 )
 
 from . import broken_runtime as broken
+from .corpus import Answer
+from .lives import answer as send_answers
 
 RUN_A, RUN_B = "A", "B"
 """The crashed run, and the second run that holds the same explicit key."""
@@ -64,6 +71,7 @@ DUPLICATE = "no duplicate effect"
 NEVER_GUESSED = "ambiguity dead-lettered"
 NONDETERMINISM = "non-determinism detected"
 FINAL = "final state"
+SIGNALS = "signals delivered once"
 ORACLES = {
     TORN: "on the file a dead process left, before anything resumes: the side_effects table "
     "and the log agree",
@@ -76,6 +84,8 @@ ORACLES = {
     "and leaves the log untouched",
     FINAL: "every run completes with the uncrashed reference's result, and the ledger equals "
     "the reference's",
+    SIGNALS: "after a death and at rest, every signal a wait took is marked delivered to that "
+    "wait, and none is taken twice",
 }
 
 
@@ -182,6 +192,15 @@ def guard_taken_out(ctx: Any, to: str) -> Any:
     return [found, plan["text"], sent]
 
 
+def answered(ctx: Any, to: str) -> Any:
+    """Two waits for the same name, one answer: the first wait takes it, the second times out."""
+    found = yield ToolCall("search", {"q": to})
+    first = yield WaitSignal("answer", timeout=3600)
+    sent = yield ToolCall("send", {"to": to, "body": f"first answer: {first}"})
+    second = yield WaitSignal("answer", timeout=3600)
+    return [found, first, sent, "no second answer" if second is TIMED_OUT else second]
+
+
 WORKFLOWS: dict[str, Callable[..., Any]] = {
     "negative.tools_only": tools_only,
     "negative.one_tool": one_tool,
@@ -190,6 +209,7 @@ WORKFLOWS: dict[str, Callable[..., Any]] = {
     "negative.reads_inbox": reads_inbox,
     "negative.reads_entropy": reads_entropy,
     "negative.patched": patched,
+    "negative.answered": answered,
 }
 CHANGED: dict[str, Callable[..., Any]] = {
     "other args": other_args,
@@ -214,7 +234,8 @@ class Scenario:
     the workflow, then the original is deployed again. ``drifts``: the workflow reads the world
     directly and the world changes meanwhile, so there is no right code to go back to.
     ``deployed``: the recovery runs this later version of the workflow (``LATER``), which must
-    finish the run with the reference's result and effects.
+    finish the run with the reference's result and effects. ``answers``: the signals sent to
+    the runs, each once its moment has come, by whichever process looks first.
     """
 
     name: str
@@ -224,6 +245,7 @@ class Scenario:
     changed_to: str | None = None
     drifts: bool = False
     deployed: str | None = None
+    answers: tuple[Answer, ...] = field(default=(), hash=False)
 
     @property
     def expects_nondeterminism(self) -> bool:
@@ -280,6 +302,12 @@ DRIFTING = [
 GUARD_OUT = Scenario(
     "guard taken out", "negative.patched", {"to": "ops"}, deployed="guard taken out"
 )
+ANSWERED = Scenario(
+    "one answer, two waits",
+    "negative.answered",
+    {"to": "ops"},
+    answers=(Answer(RUN_A, "answer", "yes", once_waiting_for="answer"),),
+)
 CHARGE_POSITIONS_IN_TOOLS = (2, 4)
 """Which tool calls of ``tools_only`` are AT_MOST_ONCE."""
 
@@ -334,6 +362,26 @@ def patch_schedules(scenario: Scenario = GUARD_OUT) -> list[Schedule]:
     return [Schedule(scenario, point, n) for point, n in after_the_branch]
 
 
+def signal_schedules() -> list[Schedule]:
+    """No death, and deaths around the one delivery: the first wait parked, the run it made due
+    taken by a tick, the delivery committed, the steps after it replayed, and on the way to the
+    second wait and to the end. (Only points both runtimes reach: the broken one never parks
+    its second wait.)"""
+    around_the_delivery = [
+        (crashpoints.AFTER_TIMER_ARMED, 1),
+        (crashpoints.AFTER_LEASE_TAKEN, 1),
+        (crashpoints.AFTER_STEP_COMMITTED, 2),
+        (crashpoints.DURING_REPLAY, 1),
+        (crashpoints.AFTER_STEP_COMMITTED, 3),
+        (crashpoints.BEFORE_STEP_STARTED, 4),
+        (crashpoints.BEFORE_RUN_COMPLETED, 1),
+    ]
+    return [
+        Schedule(ANSWERED, None),
+        *(Schedule(ANSWERED, point, n) for point, n in around_the_delivery),
+    ]
+
+
 @dataclass(frozen=True)
 class Variant:
     name: str
@@ -384,6 +432,12 @@ BROKEN = (
         broken.ForgetsPatchMarkers,
         "ctx.patched takes the new branch without recording it",
         lambda _: patch_schedules(),
+    ),
+    Variant(
+        "forgets signal delivery",
+        broken.ForgetsSignalDelivery,
+        "a wait takes a signal without marking it delivered",
+        lambda _: signal_schedules(),
     ),
     Variant(
         "duplicates effects",
@@ -500,6 +554,11 @@ def last_started_tool(db: Path, run_id: str) -> str | None:
     return canonical[1] if canonical[0] == "tool" else None
 
 
+def drive(rt: Runtime, clock: Clock, scenario: Scenario, run_id: str) -> RunState:
+    """``drive_to_rest``, sending the scenario's signals as their moments come."""
+    return drive_to_rest(rt, clock, run_id, answer=lambda: send_answers(rt, scenario.answers))
+
+
 def operate(rt: Runtime, world: World, db: Path) -> None:
     """The operator settles the oldest dead letter from what the world's ledger shows: the
     effect happened (resolve with what it returned) or did not (redrive). A key durabl already
@@ -567,7 +626,7 @@ class Bench:
                 with self._runtime(Runtime, db, world, clock) as rt:
                     inp = self._input(scenario, folder)
                     states = [
-                        drive_to_rest(rt, clock, rt.start(scenario.workflow, inp, run_id=run))
+                        drive(rt, clock, scenario, rt.start(scenario.workflow, inp, run_id=run))
                         for run in scenario.runs
                     ]
             finally:
@@ -609,7 +668,7 @@ class Bench:
                     handle.write("a newer letter\n")
             if scenario.second_run:
                 with runtime() as rt:
-                    drive_to_rest(rt, clock, rt.start(scenario.workflow, inp, run_id=RUN_B))
+                    drive(rt, clock, scenario, rt.start(scenario.workflow, inp, run_id=RUN_B))
             if scenario.expects_nondeterminism:
                 self._resume_expecting_nondeterminism(runtime, db, scenario, outcome)
             if expected is not None:
@@ -623,6 +682,8 @@ class Bench:
             assert_gapless(db)
         with outcome.judged_by(AT_REST):
             assert_effects_match_log(db)
+        with outcome.judged_by(SIGNALS):
+            assert_signals_delivered_once(Snapshot(db))
         seen = ledger(world)
         with outcome.judged_by(DUPLICATE):
             twice = {effect: n for effect, n in seen.items() if n > 1}
@@ -654,7 +715,8 @@ class Bench:
         )
         with death, runtime() as rt:
             try:
-                drive_to_rest(rt, clock, rt.start(schedule.scenario.workflow, inp, run_id=RUN_A))
+                run_id = rt.start(schedule.scenario.workflow, inp, run_id=RUN_A)
+                drive(rt, clock, schedule.scenario, run_id)
             except ProcessDeath as died:
                 assert died.point == schedule.point
                 outcome.died = True
@@ -663,6 +725,8 @@ class Bench:
         """The file a dead process left, read before any process opens it again."""
         with outcome.judged_by(TORN):
             assert_effects_match_log(db)
+        with outcome.judged_by(SIGNALS):
+            assert_signals_delivered_once(Snapshot(db))
         with outcome.judged_by(GAPLESS):
             assert_gapless(db)
         tool = last_started_tool(db, RUN_A)
@@ -702,12 +766,12 @@ class Bench:
             with outcome.judged_by(NEVER_GUESSED):
                 assert state.status == "DEAD_LETTERED", f"{tool} was guessed: {state.status}"
                 assert world.calls[tool] == calls, f"{tool} was called again"
-        states = [drive_to_rest(rt, clock, run) for run in scenario.runs]
+        states = [drive(rt, clock, scenario, run) for run in scenario.runs]
         for _ in range(6):
             if not rt.dead_letters():
                 break
             operate(rt, world, db)
-            states = [drive_to_rest(rt, clock, run) for run in scenario.runs]
+            states = [drive(rt, clock, scenario, run) for run in scenario.runs]
         with outcome.judged_by(FINAL):
             for state in states:
                 assert state.status == "COMPLETED", f"run {state.run_id} is {state.status}"
@@ -755,7 +819,7 @@ class Bench:
             with self._runtime(cls, db, world, clock) as rt:
                 inp = self._input(scenario, folder)
                 for run in scenario.runs:
-                    drive_to_rest(rt, clock, rt.start(scenario.workflow, inp, run_id=run))
+                    drive(rt, clock, scenario, rt.start(scenario.workflow, inp, run_id=run))
         finally:
             remove()
         return seen, torn

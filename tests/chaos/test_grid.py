@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
+from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from chaos import grid
-from chaos.corpus import CORPUS, SPECS
-from chaos.lives import MODES, Death
+from chaos.corpus import CORPUS, SPECS, Spec
+from chaos.lives import MODES, Death, SharedClock, live_in_process
 from durabl import crashpoints
+from oracles.support import Snapshot
 
 CHAOS = os.environ.get("DURABL_CHAOS", "sample")
 SHAPES = {"sample": grid.SAMPLE, "full": grid.FULL}
@@ -39,6 +43,33 @@ AROUND_A_MARKER = {
     crashpoints.BEFORE_RUN_COMPLETED,  # after the last marker
     crashpoints.DURING_REPLAY,  # a recovery replaying past recorded markers
 }
+SIGNALS = [[1, "budget", 4], [2, "approve", 2], [3, "close", 7]]
+"""Which wait of ``chaos.signal`` takes each signal: ``budget``, sent first (while the run waits
+for ``approve``), is kept for the wait at step 4, which takes it at once; ``approve`` and
+``close`` are taken by the waits they answer, parked at steps 2 and 7."""
+TIMEOUTS = [6]
+"""The wait of ``chaos.signal`` that nobody answers."""
+AROUND_A_WAIT = {
+    crashpoints.BEFORE_STEP_STARTED,  # a wait reached, nothing of it recorded
+    crashpoints.AFTER_TIMER_ARMED,  # a wait with a timeout parked
+    crashpoints.AFTER_STEP_STARTED,  # a wait without one parked
+    crashpoints.AFTER_LEASE_TAKEN,  # a run made due by a signal, taken by a tick
+    crashpoints.AFTER_STEP_COMMITTED,  # a signal delivered, or a wait timed out
+    crashpoints.DURING_REPLAY,  # a recovery replaying past the waits that ended
+}
+BESIDE_A_WAIT = {
+    "parked approve",
+    "due with approve",
+    "took approve",
+    "took budget",
+    "parked reply",
+    "reply timed out",
+    "parked close",
+    "due with close",
+    "took close",
+}
+"""The instants of ``chaos.signal`` that ``wait_instants`` finds."""
+PARKS = (crashpoints.AFTER_TIMER_ARMED, crashpoints.AFTER_STEP_STARTED)
 
 
 @pytest.fixture(scope="module")
@@ -148,5 +179,90 @@ def test_a_death_before_each_ctx_record_of_the_patched_workflow_changes_nothing(
             v = grid.run_scenario(scratch, mode, spec, plan, ref)
             assert v.counted and not v.failures, (v.label, v.failures)
             assert v.final == ref.final
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_signals_end_where_the_uncrashed_run_took_them(tally: grid.Tally) -> None:
+    """The final state holds which wait took each signal and which waits timed out, so a signal
+    lost, taken twice or taken by another wait, or a timeout missed, is a divergence; here,
+    directly: every counted scenario of ``chaos.signal``, in both modes, ends with the same
+    deliveries, and deaths fell at every point around parking a wait and delivering to it."""
+    verdicts = [v for v in tally.counted() if v.workflow == "chaos.signal"]
+    assert {v.mode for v in verdicts} == set(MODES)
+    for v in verdicts:
+        run = v.final["runs"]["signal-1"]
+        assert (run["signals"], run["timeouts"]) == (SIGNALS, TIMEOUTS), v.label
+    for mode in MODES:
+        died = {death.point for v in verdicts if v.mode == mode for death in v.plan}
+        assert died >= AROUND_A_WAIT, (mode, sorted(AROUND_A_WAIT - died))
+
+
+def wait_instants(scratch: Path, spec: Spec) -> dict[Death, str]:
+    """The reaches of ``spec``'s uncrashed run that fall beside one of its waits, found by
+    reading its database at every reach: a wait just parked, a run a signal made due just taken
+    by a tick (the delivery not yet made), a wait just ended (its signal taken, or timed out)."""
+    folder = Path(tempfile.mkdtemp(prefix="instants-", dir=scratch))
+    db = folder / "durabl.db"
+    [(run_id, _)] = spec.runs
+    seen: Counter[str] = Counter()
+    found: dict[Death, str] = {}
+
+    def look(point: str) -> None:
+        seen[point] += 1
+        snap = Snapshot(db)
+        waits = snap.waits(run_id)
+        _seq, kind, step, _fp, data, _at = snap.events[run_id][-1]
+        if step not in waits:
+            return
+        name, here = waits[step], Death(point, seen[point])
+        if point in PARKS and kind in ("STEP_STARTED", "TIMER_ARMED"):
+            found[here] = f"parked {name}"
+        elif point == crashpoints.AFTER_STEP_COMMITTED and kind == "STEP_COMPLETED":
+            found[here] = f"{name} timed out" if '"timed_out":true' in data else f"took {name}"
+        elif point == crashpoints.AFTER_LEASE_TAKEN and kind != "STEP_COMPLETED":
+            pending = {signal[1] for signal in snap.signals[run_id] if signal[4] is None}
+            if name in pending:
+                found[here] = f"due with {name}"
+
+    clock = SharedClock()
+    remove = crashpoints.install(look)
+    try:
+        life = live_in_process(db, folder, spec, clock, None)
+        assert life.error is None, life.error
+    finally:
+        remove()
+        clock.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    return found
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_death_beside_each_wait_of_the_signal_workflow_changes_nothing(mode: str) -> None:
+    """The sample kills ``chaos.signal`` at the first and the last reach of each point; this
+    kills it at every instant beside one of its waits (found by reading the database at every
+    reach), so that each wait is interrupted just after it parks, each delivery just before
+    and just after it is made, and the timeout just after it ends the wait. In-process, the
+    recovery from each is killed again, at the first and the last reach of every point around a
+    wait."""
+    spec = SPECS["chaos.signal"]
+    scratch = grid.scratch_dir()
+    try:
+        ref = grid.reference(scratch, spec)
+        instants = wait_instants(scratch, spec)
+        assert set(instants.values()) == BESIDE_A_WAIT, instants
+        again = grid.Shape(again=(grid.Again(occurrences=1),))
+        for death, what in sorted(instants.items()):
+            v = grid.run_scenario(scratch, mode, spec, (death,), ref)
+            assert v.counted and not v.failures, (what, v.label, v.failures)
+            assert v.final == ref.final, what
+            if mode != "in-process":
+                continue
+            plans, _never = grid.next_deaths(v, again)
+            around = [plan for plan in plans if plan[-1].point in AROUND_A_WAIT]
+            assert around, what
+            for plan in around:
+                twice = grid.run_scenario(scratch, mode, spec, plan, ref)
+                assert twice.counted and not twice.failures, (twice.label, twice.failures)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

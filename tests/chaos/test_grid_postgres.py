@@ -9,8 +9,10 @@ the in-process verdict of the same plan, as in the full grid; and, in ``shared``
 at every point while recovering from a death in a tool's ambiguous window. The workflows: two runs
 contending for the same explicit keys, with timers (``shared``); model and tool retries, backoff
 timers and caught failures (``retrying``); derived and explicit keys on AT_MOST_ONCE tools, one
-asked for twice (``payment``); and a timer, a charge and a ctx value together (``mixed``).
-Between them, every crash point is a death somewhere in the sample.
+asked for twice (``payment``); a timer, a charge and a ctx value together (``mixed``); and waits
+for signals sent before and after the run reaches them, one timing out (``signal``, in-process:
+the signals table's deliveries and the log checked after every death). Between them, every
+crash point is a death somewhere in the sample.
 
 The uncrashed reference runs themselves must be the same on both backends.
 """
@@ -31,7 +33,7 @@ from chaos.corpus import SPECS
 from chaos.lives import Death
 from durabl import crashpoints
 
-IN_PROCESS = ("chaos.shared", "chaos.retrying", "chaos.payment", "chaos.mixed")
+IN_PROCESS = ("chaos.shared", "chaos.retrying", "chaos.payment", "chaos.mixed", "chaos.signal")
 SIGKILL = ("chaos.shared", "chaos.mixed")
 AGAIN_IN = "chaos.shared"
 AGAIN_AFTER = Death(crashpoints.AFTER_TOOL_DISPATCHED, 1)

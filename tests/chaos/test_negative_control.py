@@ -22,12 +22,14 @@ from durabl import Runtime, crashpoints
 from . import broken_runtime as broken
 from .negative_control import (
     AGENT,
+    ANSWERED,
     AT_REST,
     BROKEN,
     CONTROL,
     FINAL,
     GUARD_OUT,
     SHARED,
+    SIGNALS,
     TOOLS,
     TORN,
     WINDOW,
@@ -159,3 +161,22 @@ def test_a_forgotten_patch_marker_shows_once_the_guard_is_taken_out(bench: Bench
     missed = bench.run_variant(same_code)
     assert len(missed.outcomes) == len(caught.outcomes)
     assert all(o.died and not o.flagged for o in missed.outcomes)
+
+
+def test_a_signal_taken_without_being_marked_delivered_is_taken_again(bench: Bench) -> None:
+    """The broken runtime's first wait returns the signal's payload as the real one's does, so
+    the run looks right up to there; but the signal stays pending, so the second wait of its
+    name takes it again instead of timing out. The signals oracle sees the table disagree with
+    the log, and the result differs from the reference; the real runtime, on the same
+    schedules, takes the signal once and times the second wait out."""
+    [variant] = [v for v in BROKEN if v.runtime is broken.ForgetsSignalDelivery]
+    caught = bench.run_variant(variant)
+    assert all(set(o.flags) == {SIGNALS, FINAL} for o in caught.outcomes), [
+        (o.schedule.label, sorted(o.flags)) for o in caught.outcomes
+    ]
+    assert bench.reference(ANSWERED).results["A"].endswith('"no second answer"]')
+
+    real = bench.run_variant(replace(variant, runtime=Runtime))
+    assert [o.schedule for o in real.outcomes] == [o.schedule for o in caught.outcomes]
+    assert all(not o.flagged for o in real.outcomes)
+    assert all(o.died for o in real.outcomes if o.schedule.point is not None)

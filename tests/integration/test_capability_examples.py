@@ -12,6 +12,11 @@ files in ``--dir``) in the state it claims.
   patch marker, a run started under v2 takes the new branch and records its marker, one reply is
   sent per ticket, and ``durabl check`` run here against the finished database agrees: nothing
   is held, and each version's code differs only from the runs recorded on the other branch.
+- ``approval.py``: the agent process exits with its runs WAITING; the answers sent by ``durabl
+  signal`` are each taken once, by the wait they answer; a worker process finishes every run
+  without drafting again; only the approved replies are sent; the unanswered run times out, no
+  earlier than its deadline, and is escalated; the answer sent before its run reached the wait
+  is taken in the commit that begins the wait, which never parks.
 
 The examples check themselves too; these tests check the files and the database independently
 of the examples' own verdicts.
@@ -22,10 +27,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 from collections import Counter
+from contextlib import closing
 from pathlib import Path
+
+import pytest
 
 from durabl import Runtime, events
 
@@ -189,3 +198,89 @@ def test_upgrade_keeps_the_old_run_on_the_old_branch_and_checks_before_deploying
     assert check_with(db, "v2") == (0, {"ticket-101": "ok", "ticket-102": "ok"})
     assert check_with(db, "v2-unguarded") == (0, {"ticket-101": "differs", "ticket-102": "ok"})
     assert check_with(db, "v1") == (0, {"ticket-101": "ok", "ticket-102": "differs"})
+
+
+def test_approval_waits_in_no_process_and_takes_each_answer_once(tmp_path: Path) -> None:
+    out = run_example("approval.py", tmp_path)
+    assert "the agent process exited 0" in out
+    assert re.search(r"ticket-201\s+reply_with_approval\s+WAITING for 'approve' since", out)
+    assert out.count("signal 'approve' #1 sent to run ticket-") == 3
+    assert "the worker exited 0" in out
+
+    tickets = ["ticket-201", "ticket-202", "ticket-203", "ticket-204"]
+    drafts = jsonl(tmp_path / "drafts.jsonl")
+    assert sorted(d["ticket_id"] for d in drafts) == tickets  # each drafted once, ever
+    replies = jsonl(tmp_path / "outbox.jsonl")
+    assert sorted((r["ticket_id"], r["by"]) for r in replies) == [
+        ("ticket-201", "ana"),
+        ("ticket-203", "ben"),
+    ]
+    assert [r["ticket_id"] for r in jsonl(tmp_path / "escalations.jsonl")] == ["ticket-202"]
+
+    # The database, read with sqlite3 alone.
+    with closing(sqlite3.connect(tmp_path / "approvals.db")) as conn:
+        runs = dict(conn.execute("SELECT run_id, status FROM runs").fetchall())
+        results = dict(conn.execute("SELECT run_id, result FROM runs").fetchall())
+        signals = conn.execute(
+            "SELECT run_id, id, name, payload, sent_s, delivered_step FROM signals ORDER BY run_id"
+        ).fetchall()
+        log = {
+            run: conn.execute(
+                "SELECT seq, kind, step, data, at_s FROM events WHERE run_id = ? ORDER BY seq",
+                (run,),
+            ).fetchall()
+            for run in tickets
+        }
+    assert runs == dict.fromkeys(tickets, "COMPLETED")
+    outcomes = {run: json.loads(text)["outcome"] for run, text in results.items()}
+    assert outcomes == {
+        "ticket-201": "sent",
+        "ticket-202": "escalated",
+        "ticket-203": "sent",
+        "ticket-204": "rejected",
+    }
+    assert [(run, n, name, step) for run, n, name, _p, _s, step in signals] == [
+        ("ticket-201", 1, "approve", 2),
+        ("ticket-203", 1, "approve", 2),
+        ("ticket-204", 1, "approve", 2),
+    ]
+    sent_s = {run: at for run, _n, _name, _p, at, _step in signals}
+
+    def at_step(run: str, step: int) -> list[tuple[str, dict, float]]:
+        return [(k, json.loads(d or "null"), at) for _q, k, s, d, at in log[run] if s == step]
+
+    def pids(run: str) -> list[int]:
+        return [json.loads(d)["pid"] for _q, k, _s, d, _a in log[run] if k.startswith("RUN_RES")]
+
+    started_pid = {run: json.loads(log[run][0][3])["pid"] for run in tickets}
+    for run in ("ticket-201", "ticket-202", "ticket-204"):
+        # drafted and parked by the agent, finished by another process: the worker
+        assert [d["pid"] for d in drafts if d["ticket_id"] == run] == [started_pid[run]]
+        assert [k for k, _d, _a in at_step(run, 1)].count("STEP_STARTED") == 1
+        assert [k for k, _d, _a in at_step(run, 2)] == [
+            "STEP_STARTED",
+            "TIMER_ARMED",
+            "STEP_COMPLETED",
+        ]
+        resumed = next(q for q, k, *_ in log[run] if k == "RUN_RESUMED")
+        armed = next(q for q, k, s, *_ in log[run] if k == "TIMER_ARMED" and s == 2)
+        assert armed < resumed  # the process that parked the wait is not the one that ended it
+        assert len(pids(run)) == 1 and pids(run) != [started_pid[run]]
+    (_, approved, answered_s) = at_step("ticket-201", 2)[-1]
+    assert approved == {
+        "payload": {"approved": True, "by": "ana"},
+        "signal": 1,
+        "sent_s": sent_s["ticket-201"],
+    }
+    assert answered_s >= sent_s["ticket-201"]
+    (_, _, began_s), (_, armed_at, _), (_, timed_out, ended_s) = at_step("ticket-202", 2)
+    assert timed_out == {"timed_out": True}
+    assert ended_s >= armed_at["fire_at_s"]
+    assert armed_at["fire_at_s"] - began_s == pytest.approx(2.0, abs=0.1)  # NO_ANSWER_S
+    # The early answer: its wait took it in the commit that began it, and never parked.
+    (started, _, began_s), (completed, took, ended_s) = at_step("ticket-203", 2)
+    assert (started, completed) == ("STEP_STARTED", "STEP_COMPLETED")
+    assert began_s == ended_s > sent_s["ticket-203"]
+    assert took["signal"] == 1 and took["payload"]["by"] == "ben"
+    assert "TIMER_ARMED" not in [k for _q, k, *_ in log["ticket-203"]]
+    assert [d["pid"] for d in drafts if d["ticket_id"] == "ticket-203"] == pids("ticket-203")

@@ -368,8 +368,16 @@ def crash(point: str, occurrence: int, action: Callable[[], Any]) -> bool:
     return hook.fired
 
 
-def drive_to_rest(rt: Runtime, clock: Clock, run_id: str, *, limit: int = 20) -> RunState:
-    """resume_all + tick, moving the clock on, until the run stops (or is dead-lettered)."""
+def drive_to_rest(
+    rt: Runtime,
+    clock: Clock,
+    run_id: str,
+    *,
+    limit: int = 20,
+    answer: Callable[[], Any] | None = None,
+) -> RunState:
+    """resume_all + tick, moving the clock on, until the run stops (or is dead-lettered).
+    ``answer``: called each time before the clock moves (whoever sends the run's signals)."""
     for _ in range(limit):
         state = rt.state(run_id)
         if state.status in STOPPED:
@@ -378,6 +386,8 @@ def drive_to_rest(rt: Runtime, clock: Clock, run_id: str, *, limit: int = 20) ->
         state = rt.state(run_id)
         if state.status in STOPPED:
             return state
+        if answer is not None:
+            answer()
         clock.advance(3600.0)
         rt.tick()
     raise AssertionError(f"run {run_id} did not come to rest: {rt.state(run_id)}")
@@ -453,9 +463,17 @@ class Snapshot:
                     "SELECT run_id, status, result, error, wake_at_s FROM runs ORDER BY run_id"
                 )
             }
+            sent = conn.execute(
+                "SELECT run_id, id, name, payload, sent_s, delivered_step FROM signals "
+                "ORDER BY run_id, id"
+            ).fetchall()
         self.events: dict[str, list[tuple[Any, ...]]] = {run_id: [] for run_id in self.runs}
         for run_id, *event in rows:
             self.events.setdefault(run_id, []).append(tuple(event))
+        self.signals: dict[str, list[tuple[Any, ...]]] = {run_id: [] for run_id in self.runs}
+        """Each run's signals, in the order sent: (id, name, payload, sent_s, delivered_step)."""
+        for run_id, *signal in sent:
+            self.signals.setdefault(run_id, []).append(tuple(signal))
 
     def status(self, run_id: str) -> str:
         return str(self.runs[run_id][1])
@@ -472,6 +490,14 @@ class Snapshot:
                 canonical = json.loads(data)
                 if canonical[0] == "tool":
                     found[step] = (canonical[1], canonical[3] or f"durabl:{run_id}:{step}")
+        return found
+
+    def waits(self, run_id: str) -> dict[int, str]:
+        """Position -> signal name, for every ``WaitSignal`` the log started."""
+        found: dict[int, str] = {}
+        for _seq, kind, step, _fp, data, _at in self.events.get(run_id, []):
+            if kind == "STEP_STARTED" and (data or "").startswith('["signal"'):
+                found[step] = json.loads(data)[1]
         return found
 
     def open_dispatches(self, run_id: str) -> dict[int, tuple[str, str]]:
@@ -532,8 +558,11 @@ def assert_log_and_effects_agree(snap: Snapshot) -> None:
 
 def assert_snapshot_timers(snap: Snapshot, *, finished: bool) -> None:
     """Timers fire at most once (exactly once in a ``finished`` database) and never early:
-    a Sleep fires at or after its deadline, a retry attempt starts at or after its backoff."""
+    a Sleep fires at or after its deadline, a retry attempt starts at or after its backoff.
+    A ``WaitSignal``'s timeout is a timer that its completion ends instead: answered at any
+    time, timed out never before its deadline, and never fired as well."""
     for run_id, rows in snap.events.items():
+        waits = snap.waits(run_id)
         armed: dict[int, float] = {}
         fired: Counter[int] = Counter()
         retry_at: dict[int, float] = {}
@@ -544,10 +573,17 @@ def assert_snapshot_timers(snap: Snapshot, *, finished: bool) -> None:
             elif kind == "TIMER_FIRED":
                 fired[step] += 1
                 assert step in armed, f"run {run_id} step {step} fired without being armed"
+                assert step not in waits, f"run {run_id} step {step}: a wait's timeout fired"
                 fired_at_s = json.loads(data)["fired_at_s"]
                 assert min(fired_at_s, at_s) >= armed[step], (
                     f"run {run_id} step {step} fired at {fired_at_s}, due {armed[step]}"
                 )
+            elif kind == "STEP_COMPLETED" and step in waits and step in armed:
+                fired[step] += 1
+                if json.loads(data).get("timed_out") is True:
+                    assert at_s >= armed[step], (
+                        f"run {run_id} wait at step {step} timed out at {at_s}, due {armed[step]}"
+                    )
             elif kind == "STEP_RETRY":
                 retry_at[step] = json.loads(data)["retry_at_s"]
             elif kind == "STEP_STARTED" and step in retry_at:
@@ -559,6 +595,48 @@ def assert_snapshot_timers(snap: Snapshot, *, finished: bool) -> None:
         if finished:
             assert set(fired) == set(armed), (
                 f"run {run_id} armed timers {sorted(armed)} but fired {sorted(fired)}"
+            )
+
+
+def assert_signals_delivered_once(snap: Snapshot) -> None:
+    """The signals table and the log agree on every delivery, at whatever instant a process
+    died (the delivery and the wait's completion are one transaction):
+
+    - a wait's completion that records a signal names one sent to its run, of the wait's name,
+      with the payload the wait returned, and that signal is marked delivered to that wait;
+    - a signal marked delivered is recorded by the completion of the wait it names;
+    - no signal is taken by two waits, and the signals of one name are taken in the order sent
+      (none is left pending while a later one of its name was taken).
+    """
+    for run_id, sent in snap.signals.items():
+        waits = snap.waits(run_id)
+        rows = {signal_id: (name, payload, step) for signal_id, name, payload, _s, step in sent}
+        taken: dict[int, int] = {}
+        for _seq, kind, step, _fp, data, _at in snap.events.get(run_id, []):
+            if kind != "STEP_COMPLETED" or step not in waits:
+                continue
+            answer = json.loads(data)
+            if "signal" not in answer:
+                continue
+            signal_id = answer["signal"]
+            where = f"run {run_id} wait at step {step} took signal {signal_id}"
+            assert signal_id not in taken, f"{where}, already taken at step {taken[signal_id]}"
+            taken[signal_id] = step
+            assert signal_id in rows, f"{where}, which the signals table does not hold"
+            name, payload, delivered = rows[signal_id]
+            assert name == waits[step], f"{where}, named {name!r}, for {waits[step]!r}"
+            assert json.loads(payload) == answer["payload"], f"{where}: payloads differ"
+            assert delivered == step, f"{where}; the table says delivered to {delivered}"
+        for signal_id, (name, _payload, delivered) in rows.items():
+            assert delivered is None or taken.get(signal_id) == delivered, (
+                f"run {run_id} signal {signal_id} ({name!r}) is marked delivered to step "
+                f"{delivered}, but no completion there records it"
+            )
+        for name in {row[0] for row in rows.values()}:
+            steps = [rows[i][2] for i in sorted(rows) if rows[i][0] == name]
+            delivered = [step for step in steps if step is not None]
+            assert steps[: len(delivered)] == delivered == sorted(delivered), (
+                f"run {run_id}: signals {name!r} were taken out of the order sent: {steps}"
             )
 
 
@@ -589,6 +667,7 @@ def assert_steps_finish_once(snap: Snapshot, *, finished: bool) -> None:
 __all__ += [
     "Snapshot",
     "assert_log_and_effects_agree",
+    "assert_signals_delivered_once",
     "assert_snapshot_gapless",
     "assert_snapshot_timers",
     "assert_steps_finish_once",

@@ -9,9 +9,12 @@ raise ``NonDeterminismError`` on the same history. Two histories record one chan
 ``ctx.patched``: a run that met it and took the new branch (its log holds the marker), and a run
 recorded by the old code and finished by the new on the old branch; the old code and the change
 without its guard must each be refused by the history of the other branch, and the code with the
-guard taken out must replay the new-branch one (stepping over its marker). Both run on each
-backend, and the scenarios that export the histories record byte-identical logs on SQLite and on
-PostgreSQL: every text and every float reads back as it was written.
+guard taken out must replay the new-branch one (stepping over its marker). One history waits for
+signals three ways: answered while it waits, answered before the run reached the wait, and not
+answered in time; it replays from its log alone (the signals table is not installed), and a
+wait with another timeout is refused. Both run on each backend, and the scenarios that export
+the histories record byte-identical logs (and signals) on SQLite and on PostgreSQL: every text
+and every float reads back as it was written.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 import pytest
 
 from durabl import (
+    TIMED_OUT,
     ModelCall,
     NonDeterminismError,
     RetryPolicy,
@@ -33,6 +37,7 @@ from durabl import (
     Sleep,
     ToolCall,
     ToolFailed,
+    WaitSignal,
     codec,
     tool,
 )
@@ -142,12 +147,44 @@ def patched_without_guard(ctx: Any, topic: str) -> Any:
     return result
 
 
+APPROVAL_TIMEOUT_S = 3600.0
+NUDGE_TIMEOUT_S = 600.0
+
+
+def approval(ctx: Any, topic: str) -> Any:
+    """Three waits: ``approve`` parks and is answered while the run waits; ``budget`` was
+    answered before the run reached it, and takes its signal at once; ``nudge`` is never
+    answered and times out (``signalled.json``)."""
+    found = yield ToolCall("search", {"q": topic})
+    verdict = yield WaitSignal("approve", timeout=APPROVAL_TIMEOUT_S)
+    receipt = yield ToolCall("send_email", {"to": verdict["by"], "body": f"{topic}: {found}"})
+    budget = yield WaitSignal("budget")
+    nudge = yield WaitSignal("nudge", timeout=NUDGE_TIMEOUT_S)
+    result = {
+        "approved_by": verdict["by"],
+        "budget": budget,
+        "nudged": nudge is not TIMED_OUT,
+        "receipt": receipt,
+    }
+    COMPUTED.append(result)
+    return result
+
+
+def approval_other_timeout(ctx: Any, topic: str) -> Any:
+    """The approval wait given two hours instead of one: a wait's timeout is part of its
+    fingerprint, so a run recorded with the other is refused."""
+    found = yield ToolCall("search", {"q": topic})
+    verdict = yield WaitSignal("approve", timeout=2 * APPROVAL_TIMEOUT_S)
+    return (verdict, found)
+
+
 WORKFLOWS: dict[str, Callable[..., Any]] = {
     "golden.research": research,
     "golden.retry_and_fallback": retry_and_fallback,
     "golden.crash_resumed": crash_resumed,
     "golden.failing": failing,
     "golden.patched": patched,
+    "golden.approval": approval,
 }
 BEFORE_PATCH: dict[str, Callable[..., Any]] = {"golden.patched": patched_before}
 """The code deployed before ``golden.patched`` changed (used by scripts/export_golden.py)."""
@@ -295,8 +332,15 @@ def crash_resumed_changed(ctx: Any, to: str) -> Any:
         # the old code under a run that took the new branch: the marker at 2 is stepped over,
         # and the new branch's model call at 3 differs from the old one
         ("patched", patched_before, 3),
+        ("signalled", approval_other_timeout, 2),
     ],
-    ids=["research", "crash_resumed", "unguarded-on-old-branch", "old-code-on-new-branch"],
+    ids=[
+        "research",
+        "crash_resumed",
+        "unguarded-on-old-branch",
+        "old-code-on-new-branch",
+        "wait-with-another-timeout",
+    ],
 )
 def test_a_changed_workflow_raises_on_the_golden_history(
     databases: Databases, stem: str, changed: Callable[..., Any], position: int
@@ -343,6 +387,40 @@ def test_the_patched_histories_took_one_branch_each() -> None:
     assert "RUN_RESUMED" in [e["kind"] for e in old["events"]]  # finished by another process
     assert json.loads(new["result_text"])["version"] == "v2"
     assert json.loads(old["result_text"])["version"] == "v1"
+
+
+def test_the_signalled_history_took_each_signal_once_and_timed_out_on_time() -> None:
+    """The history's waits, read from the file: ``approve`` parked with its timer and took the
+    signal sent while it waited; ``budget`` took, in the one commit that started it, the signal
+    sent before the run reached it; ``nudge`` took none, no earlier than its deadline. The
+    signals the file records name the waits that took them."""
+    history = load(GOLDEN / "signalled.json")
+    at_step: dict[int, list[dict[str, Any]]] = {}
+    for e in history["events"]:
+        at_step.setdefault(e["step"], []).append(e)
+    kinds = {step: [e["kind"] for e in found] for step, found in at_step.items()}
+    assert kinds[2] == ["STEP_STARTED", "TIMER_ARMED", "STEP_COMPLETED"]
+    assert kinds[4] == ["STEP_STARTED", "STEP_COMPLETED"]
+    assert kinds[5] == ["STEP_STARTED", "TIMER_ARMED", "STEP_COMPLETED"]
+    approve, budget, nudge = (codec.decode(at_step[s][-1]["data"]) for s in (2, 4, 5))
+    sent = {s["name"]: s for s in history["signals"]}
+    assert [s["name"] for s in history["signals"]] == ["budget", "approve"]  # in the order sent
+    assert approve == {
+        "payload": codec.decode(sent["approve"]["payload"]),
+        "signal": sent["approve"]["id"],
+        "sent_s": sent["approve"]["sent_s"],
+    }
+    assert sent["approve"]["sent_s"] > at_step[2][0]["at_s"]  # answered while it waited
+    assert budget["signal"] == sent["budget"]["id"]
+    assert sent["budget"]["sent_s"] < at_step[4][0]["at_s"] == at_step[4][1]["at_s"]
+    assert {s["name"]: s["delivered_step"] for s in history["signals"]} == {
+        "approve": 2,
+        "budget": 4,
+    }
+    deadline_s = codec.decode(at_step[5][1]["data"])["fire_at_s"]
+    assert nudge == {"timed_out": True}
+    assert at_step[5][-1]["at_s"] >= deadline_s == at_step[5][0]["at_s"] + NUDGE_TIMEOUT_S
+    assert json.loads(history["result_text"])["nudged"] is False
 
 
 def export_script() -> Any:
