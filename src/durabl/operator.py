@@ -8,13 +8,15 @@ import logging
 from typing import Any
 
 from durabl import codec, events
-from durabl.checks import check_int
+from durabl.checks import check_int, check_text
 from durabl.engine import Engine
+from durabl.engine import new_run_id as new_run_id_of
 from durabl.errors import (
     AlreadyTerminalError,
     DeadLetterEventMissingError,
     DurablError,
     EffectAlreadyRecordedError,
+    ForkRefusedError,
     NonDeterminismError,
     NotDeadLetteredError,
     RunLeased,
@@ -22,7 +24,7 @@ from durabl.errors import (
 )
 from durabl.events import Event
 from durabl.metrics import MetricsFold
-from durabl.replay import History
+from durabl.replay import History, describe_record
 from durabl.states import Compaction, DeadLetter, RunCheck, RunCompaction, RunState
 from durabl.steps import derived_key
 from durabl.store.base import RunRow, SideEffect
@@ -74,6 +76,64 @@ def check(engine: Engine) -> list[RunCheck]:
             )
         )
     return found
+
+
+# -- forks ------------------------------------------------------------------------------------
+
+
+def fork(
+    engine: Engine, run_id: str, at_seq: int, new_run_id: str | None, boundary: dict[str, Any]
+) -> str:
+    """A new run whose log is ``run_id``'s up to ``at_seq`` (``Runtime.fork``)."""
+    row = engine.row(run_id)
+    watermark, _, log = engine.store.load_history(run_id)
+
+    def refuse(why: str) -> ForkRefusedError:
+        return ForkRefusedError(run_id=run_id, seq=at_seq, why=why)
+
+    if watermark:
+        raise refuse(f"its log is compacted up to seq {watermark}, and a fork copies its events")
+    last = log[-1].seq if log else 0
+    if not 1 <= at_seq <= last:
+        raise refuse(f"its log holds seqs 1..{last}")
+    at = log[at_seq - 1]
+    if at.kind in events.TERMINAL:
+        raise refuse(f"seq {at_seq} is the run's end ({at.kind}): fork at the seq that ends a step")
+    prefix = log[:at_seq]
+    history = History.from_events(run_id, prefix)
+    for position, rec in sorted(history.steps.items()):
+        if not rec.done:
+            raise refuse(
+                f"it is inside step {position} ({describe_record(rec)}), which has begun but "
+                f"not ended there: fork at the seq that ends a step"
+            )
+    started = codec.decode(prefix[0].data or "{}")
+    now_s = engine.clock()
+    forked = {
+        "workflow": started["workflow"],
+        "input": started["input"],
+        **boundary,
+        "forked_from": {"run_id": run_id, "seq": at_seq},
+    }
+    new_id = new_run_id if new_run_id is not None else new_run_id_of()
+    check_text("run_id", new_id)
+    copy = RunRow(
+        run_id=new_id,
+        workflow=row.workflow,
+        input_text=row.input_text,
+        status=events.RUNNING,
+        result_text=None,
+        error=None,
+        created_s=now_s,
+        updated_s=now_s,
+        wake_at_s=None,
+        watermark=0,
+    )
+    first = Event(1, events.RUN_STARTED, 0, None, codec.encode(forked), now_s)
+    existing = engine.store.create_run(copy, first, prefix[1:])
+    if existing is not None:
+        raise refuse(f"a run with id {new_id} exists already")
+    return new_id
 
 
 # -- the dead-letter queue -------------------------------------------------------------------

@@ -242,6 +242,18 @@ class Runtime:
 
         return operator.check(self._engine)
 
+    def fork(self, run_id: str, at_seq: int, *, new_run_id: str | None = None) -> str:
+        """A new run whose log is ``run_id``'s up to ``at_seq``, the seq that ends a step: run
+        on (``resume``, or any worker), it serves steps 1..N from the copied log and goes on
+        with the code deployed now, so an agent is re-run from step N+1 with a new prompt or
+        model without paying for the steps before. Its RUN_STARTED names where it came from.
+        ``ForkRefusedError`` (naming the run, the seq and the step) for a seq the log does not
+        hold, one inside a step, the run's end, or a compacted run; nothing is written then."""
+        from durabl import operator
+
+        check_type("at_seq", at_seq, int)
+        return operator.fork(self._engine, run_id, at_seq, new_run_id, self._boundary)
+
     def dead_letters(self) -> list[DeadLetter]:
         """Every run stopped on a dead-lettered step, oldest first."""
         from durabl import operator

@@ -45,9 +45,10 @@ ARGUMENTS = {  # what a command needs besides its name, by its words
     "ui": ["--port", "0"],
     "migrate": ["--to", "TARGET"],  # each placement's own new PostgreSQL database
     "signal": ["running", "approve", '{"by": "ana"}'],
+    "fork": ["running", "--at", "1", "--run-id", "forked"],
 }
 IMPORTING = {  # the commands that load the --import modules (the others only read)
-    *("worker", "resume", "replay", "tick", "compact", "check", "signal"),
+    *("worker", "resume", "replay", "tick", "compact", "check", "signal", "fork"),
     *("dlq redrive", "dlq resolve", "dlq cancel"),
 }
 MODULES = ("cli_agents", "cli_imported")

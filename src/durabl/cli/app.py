@@ -29,6 +29,7 @@ _COMMANDS: tuple[Callable[[Commands], None], ...] = (
     logs.add_replay,
     operate.add_tick,
     operate.add_signal,
+    operate.add_fork,
     examine.add_metrics,
     operate.add_compact,
     examine.add_doctor,

@@ -123,6 +123,32 @@ def _signal(args: argparse.Namespace, rt: Runtime) -> int:
     return EXIT_OK
 
 
+def add_fork(commands: Commands) -> None:
+    p = commands.add_command(
+        "fork",
+        _fork,
+        help="make a new run from a run's log up to SEQ, to run on with the code deployed now",
+        description="Create a new run whose log is RUN's up to SEQ (the seq that ends a step, as "
+        "`show RUN` lists them): resumed (resume, or a worker), it takes steps 1..N from the "
+        "copied log without calling anything and goes on with today's code. Prints the new "
+        "run's id.",
+        run=REQUIRED,
+        needs_db=True,
+    )
+    p.add_argument("--at", type=int, required=True, metavar="SEQ", help="the last seq to copy")
+    p.add_argument("--run-id", metavar="NEW", help="the new run's id (default: a new one)")
+
+
+def _fork(args: argparse.Namespace, rt: Runtime) -> int:
+    new_id = rt.fork(args.run, args.at, new_run_id=args.run_id)
+    emit(
+        args,
+        {"run_id": new_id, "forked_from": {"run_id": args.run, "seq": args.at}},
+        f"run {new_id} forked from run {args.run} at seq {args.at}",
+    )
+    return EXIT_OK
+
+
 def add_tick(commands: Commands) -> None:
     p = commands.add_command(
         "tick",

@@ -167,6 +167,14 @@ class AlreadyTerminalError(InvalidStateError, refines=True):
         super().__init__(f"run {run_id} is already {status}; nothing to cancel")
 
 
+class ForkRefusedError(InvalidStateError, refines=True):
+    """A run cannot be forked at that seq: the reason names the run, the seq and the step."""
+
+    def __init__(self, *, run_id: str, seq: int, why: str) -> None:
+        self.run_id, self.seq, self.why = run_id, seq, why
+        super().__init__(f"cannot fork run {run_id} at seq {seq}: {why}")
+
+
 class RunEndedError(InvalidStateError, refines=True):
     """The run has ended: no wait of it will ever take a signal."""
 

@@ -6,6 +6,7 @@ The runtime never issues SQL. Each method's docstring states what it does atomic
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Protocol
 
@@ -116,9 +117,10 @@ class Store(Protocol):
     path: str
     durability: str
 
-    def create_run(self, row: RunRow, first: Event) -> RunRow | None:
+    def create_run(self, row: RunRow, first: Event, history: Sequence[Event] = ()) -> RunRow | None:
         """Insert the run row (with its lease, if ``row.lease`` is set: token 1) and its
-        RUN_STARTED event in one transaction, durably.
+        RUN_STARTED event, and after it ``history`` (a fork's copied prefix, seq 2 on), in one
+        transaction, durably.
 
         Returns None when created; when a run with this id already exists, changes nothing and
         returns the existing row.

@@ -29,7 +29,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 
@@ -59,7 +59,7 @@ from durabl.events import Event
 from durabl.store.base import UNCHANGED, Commit, KeyClaim, Lease, RunRow, SideEffect, Signal
 from durabl.store.records import NO_LEASE, parameters_of, run_row
 from durabl.store.schema import load_migrations, load_queries
-from durabl.store.sqlite import check_durability
+from durabl.store.sqlite import INSERT_BATCH, check_durability
 
 __all__ = ["MIGRATIONS", "PQ", "SCHEMA_VERSION", "PostgresStore", "server_name"]
 
@@ -413,7 +413,7 @@ class PostgresStore:
 
     # -- the Store interface ---------------------------------------------------------------
 
-    def create_run(self, row: RunRow, first: Event) -> RunRow | None:
+    def create_run(self, row: RunRow, first: Event, history: Sequence[Event] = ()) -> RunRow | None:
         token = None if row.lease is None else 1
         lease = NO_LEASE if row.lease is None else parameters_of(row.lease)
 
@@ -421,7 +421,9 @@ class PostgresStore:
             params = parameters_of(row, **lease, lease_token=token or 0)
             if conn.execute(PQ["insert_run"], params).rowcount == 0:
                 return self._get_run(conn, row.run_id)
-            self._insert_events(conn, row.run_id, [first], token)
+            appended = [first, *history]
+            for start in range(0, len(appended), INSERT_BATCH):
+                self._insert_events(conn, row.run_id, appended[start : start + INSERT_BATCH], token)
             return None
 
         def landed(conn: psycopg.Connection[Any]) -> tuple[bool, RunRow | None]:

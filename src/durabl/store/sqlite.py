@@ -24,7 +24,7 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from durabl import codec
@@ -46,7 +46,6 @@ from durabl.store.files import file_bytes
 from durabl.store.records import (
     NO_LEASE,
     Statement,
-    event_insert,
     events_insert,
     parameters_of,
     run_row,
@@ -57,6 +56,10 @@ from durabl.store.sqlite_errors import duplicate_key, storage_error
 __all__ = ["APPLICATION_ID", "MIGRATIONS", "SCHEMA_VERSION", "Q", "SQLiteStore"]
 
 DURABILITY_MODES = ("full", "process")
+
+INSERT_BATCH = 500
+"""Events per insert statement when a whole history is written at once (a fork): SQLite and
+PostgreSQL both cap the parameters one statement binds."""
 
 _UNCOUNTED = frozenset({"wake_on_signal"})
 """Statements that may change no row in a commit whose fence held: they come after the run
@@ -156,7 +159,7 @@ class SQLiteStore:
 
     # -- the Store interface ---------------------------------------------------------------
 
-    def create_run(self, row: RunRow, first: Event) -> RunRow | None:
+    def create_run(self, row: RunRow, first: Event, history: Sequence[Event] = ()) -> RunRow | None:
         with self._write(durable=True) as conn:
             existing = conn.execute(Q["get_run"], {"run_id": row.run_id}).fetchone()
             if existing is not None:
@@ -164,7 +167,10 @@ class SQLiteStore:
             token = None if row.lease is None else 1
             lease = NO_LEASE if row.lease is None else parameters_of(row.lease)
             self._execute(conn, ("insert_run", parameters_of(row, **lease, lease_token=token or 0)))
-            self._execute(conn, event_insert(row.run_id, first, token))
+            appended = [first, *history]
+            for start in range(0, len(appended), INSERT_BATCH):  # a statement binds so many
+                batch = appended[start : start + INSERT_BATCH]
+                self._execute(conn, events_insert(row.run_id, batch, token))
         return None
 
     def get_run(self, run_id: str) -> RunRow | None:
