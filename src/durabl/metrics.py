@@ -20,12 +20,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from durabl import events
+from durabl import codec, events
 from durabl.errors import MissingSnapshotError
 from durabl.events import Event
 from durabl.replay import read_snapshot
 from durabl.states import Report
 from durabl.store.base import Store
+
+_STEP_ENDS = frozenset(
+    {events.STEP_COMPLETED, events.STEP_FAILED, events.TIMER_FIRED, events.CTX_RECORDED}
+)
+"""The events that end a step (each position's last): what a fork's copy counts."""
 
 _KINDS = {'["model"': "model", '["tool",': "tool", '["sleep"': "sleep", '["signal': "signal"}
 
@@ -96,6 +101,9 @@ class MetricsFold:
     first_at_s: float | None = None
     last_at_s: float | None = None
     open: dict[int, _Open] = field(default_factory=dict)
+    copied_until: int = 0
+    """A fork's last copied seq: the steps up to it were the run it came from's work, not its
+    own, so they count only as steps it will replay."""
 
     @classmethod
     def of(cls, log: Iterable[Event], counters: dict[str, Any] | None = None) -> MetricsFold:
@@ -106,6 +114,14 @@ class MetricsFold:
 
     def apply(self, e: Event) -> None:
         m = self.m
+        if e.seq <= self.copied_until:  # a fork's copy of its origin's step
+            if e.kind in _STEP_ENDS:
+                self.done_positions += 1
+            return
+        if e.kind == events.RUN_STARTED and e.seq == 1:
+            forked = codec.decode(e.data or "{}").get("forked_from")
+            if isinstance(forked, dict):
+                self.copied_until = int(forked["seq"])
         if self.first_at_s is None:
             self.first_at_s = e.at_s
         self.last_at_s = e.at_s
@@ -190,6 +206,7 @@ class MetricsFold:
             "done_positions": self.done_positions,
             "first_at_s": self.first_at_s,
             "last_at_s": self.last_at_s,
+            "copied_until": self.copied_until,
         }
 
     @classmethod
@@ -199,6 +216,7 @@ class MetricsFold:
             counters["done_positions"],
             counters["first_at_s"],
             counters["last_at_s"],
+            copied_until=counters.get("copied_until", 0),  # absent from older snapshots
         )
 
 

@@ -120,7 +120,9 @@ def test_forks_that_cannot_be_are_refused_naming_the_run_the_seq_and_the_step(
     log = rt.store.load_log(original.run_id)
     last = log[-1].seq
     model_started = next(
-        e.seq for e in log if e.kind == events.STEP_STARTED and (e.data or "").startswith('["model"')
+        e.seq
+        for e in log
+        if e.kind == events.STEP_STARTED and (e.data or "").startswith('["model"')
     )
     before = [r.run_id for r in rt.store.list_runs()]
 
@@ -172,3 +174,36 @@ def test_the_fork_command(rt: Runtime, db: str) -> None:
     assert inside.returncode == 2
     assert inside.stderr.startswith(f"durabl: cannot fork run {original.run_id} at seq {seq + 1}")
     assert rt.state("terns-2").status == "RUNNING"
+
+
+def test_a_forks_metrics_count_only_its_own_work(rt: Runtime) -> None:
+    """The copied steps were the original's work: the fork is charged for the model call and
+    the send it made, and counts the copied search as a step it replayed."""
+    original = rt.run(agent, {"topic": "otters"})
+    fork_id = rt.fork(original.run_id, ends_of_steps(rt, original.run_id)[1])
+    rt.resume(fork_id)
+    mine, theirs = rt.metrics(fork_id), rt.metrics(original.run_id)
+    assert (theirs.steps, theirs.tool_calls, theirs.model_calls) == (3, 2, 1)
+    assert (mine.steps, mine.tool_calls, mine.model_calls, mine.attempts) == (2, 1, 1, 2)
+    assert (mine.resumes, mine.replayed_steps) == (1, 1)
+
+
+def test_show_trace_says_which_steps_a_fork_copied(rt: Runtime, db: str) -> None:
+    original = rt.run(agent, {"topic": "otters"})
+    seq = ends_of_steps(rt, original.run_id)[1]
+    fork_id = rt.fork(original.run_id, seq, new_run_id="otters-fork")
+    rt.resume(fork_id)
+    shown = subprocess.run(
+        [sys.executable, "-m", "durabl", "--db", db, "--json", "show", fork_id, "--trace"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    trace = json.loads(shown.stdout)
+    assert [(s["position"], s["process"]) for s in trace["steps"]] == [
+        (1, "copied"),
+        (2, 2),
+        (3, 2),
+    ]
+    assert trace["processes"] == 2  # the one that made the fork, and the one that resumed it

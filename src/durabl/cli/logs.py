@@ -262,10 +262,21 @@ def _data(text: str | None) -> Any:
         return text
 
 
+def _copied_until(run: _Loaded) -> int:
+    """For a fork, the last seq it copied from the run it came from (0 for any other run)."""
+    first = run.log[0] if run.log and run.log[0].seq == 1 else None
+    if first is None or first.kind != events.RUN_STARTED:
+        return 0
+    forked = json.loads(first.data or "{}").get("forked_from")
+    return int(forked["seq"]) if isinstance(forked, dict) else 0
+
+
 def _trace(args: argparse.Namespace, run: _Loaded) -> None:
     """Per step: did the last process serve it from the log, or execute it?"""
     history = run.history
     boundary = history.last_resume_seq
+    copied = _copied_until(run)
+    resumed_at = [seq for seq in history.resumed_at if seq > copied]  # the fork's own
     steps: list[dict[str, Any]] = []
     for position in sorted(history.steps):
         rec = history.steps[position]
@@ -278,8 +289,13 @@ def _trace(args: argparse.Namespace, run: _Loaded) -> None:
         else:
             how = "executed"
         about = replay.describe_record(rec)
-        # the process that recorded its outcome: 1 for the first, +1 at every RUN_RESUMED
-        process = bisect.bisect_right(history.resumed_at, rec.done_seq) + 1 if rec.done else None
+        # the process that recorded its outcome: 1 for the first, +1 at every RUN_RESUMED;
+        # a fork's copied step was recorded by the run it came from
+        process: int | str | None = (
+            bisect.bisect_right(resumed_at, rec.done_seq) + 1 if rec.done else None
+        )
+        if rec.done and rec.done_seq <= copied:
+            process = "copied"
         steps.append(
             {
                 "position": position,
@@ -292,9 +308,9 @@ def _trace(args: argparse.Namespace, run: _Loaded) -> None:
     payload = {
         "run_id": run.row.run_id,
         "status": run.row.status,
-        "processes": len(history.resumed_at) + 1,
+        "processes": len(resumed_at) + 1,
         "last_resumed_seq": boundary or None,
-        "boundaries": list(history.resumed_at),
+        "boundaries": resumed_at,
         "watermark": run.watermark,
         "steps": steps,
     }
@@ -303,15 +319,18 @@ def _trace(args: argparse.Namespace, run: _Loaded) -> None:
         for s in steps
     ]
     head = headline(run.row) + "; "
-    if boundary:
-        seqs = ", ".join(str(seq) for seq in history.resumed_at)
+    if resumed_at:
+        seqs = ", ".join(str(seq) for seq in resumed_at)
         head += (
             f"last process took over at seq {boundary}; "
-            f"{len(history.resumed_at) + 1} processes, boundaries at seq {seqs}"
+            f"{len(resumed_at) + 1} processes, boundaries at seq {seqs}"
         )
     else:
         head += "one process"
     parts: list[str | Grid] = [head]
+    if copied:
+        forked = json.loads(run.log[0].data or "{}")["forked_from"]
+        parts.append(f"forked from run {forked['run_id']} at seq {copied}: steps up to it copied")
     if run.watermark:
         parts.append(run.compacted)
     emit(args, payload, *parts, Grid(["STEP", "HOW", "PROCESS", "DESCRIPTION"], table))
