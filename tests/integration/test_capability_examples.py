@@ -17,6 +17,11 @@ files in ``--dir``) in the state it claims.
   without drafting again; only the approved replies are sent; the unanswered run times out, no
   earlier than its deadline, and is escalated; the answer sent before its run reached the wait
   is taken in the commit that begins the wait, which never parks.
+- ``fork.py``: a completed run is forked at the seq that ended its search and resumed by a deploy
+  with a new prompt; the search is called once, ever, the model and the send once per run (the
+  fork's with the new prompt and its own key), the fork's log starts with a RUN_STARTED naming
+  the run and seq it came from and holds the original's events up to it, nothing is written to
+  the original after the fork, and a fork inside a step is refused with exit 2 and no run made.
 
 The examples check themselves too; these tests check the files and the database independently
 of the examples' own verdicts.
@@ -284,3 +289,75 @@ def test_approval_waits_in_no_process_and_takes_each_answer_once(tmp_path: Path)
     assert took["signal"] == 1 and took["payload"]["by"] == "ben"
     assert "TIMER_ARMED" not in [k for _q, k, *_ in log["ticket-203"]]
     assert [d["pid"] for d in drafts if d["ticket_id"] == "ticket-203"] == pids("ticket-203")
+
+
+def test_fork_reruns_after_the_search_with_the_new_prompt(tmp_path: Path) -> None:
+    out = run_example("fork.py", tmp_path)
+    ended = re.search(r"the search ended at seq (\d+)", out)
+    assert ended is not None
+    seq = int(ended.group(1))
+    assert f"run otters-brief-v2 forked from run otters-brief at seq {seq}" in out
+    refusal = f"durabl: cannot fork run otters-brief at seq {seq + 1}: it is inside step 2 ("
+    assert re.search(rf"^\s+{re.escape(refusal)}.*a step\n\s+exit status 2$", out, re.MULTILINE)
+
+    searches = jsonl(tmp_path / "searches.jsonl")
+    model_calls = jsonl(tmp_path / "model_calls.jsonl")
+    outbox = jsonl(tmp_path / "outbox.jsonl")
+    assert len(searches) == 1
+    assert len(model_calls) == 2
+    assert "citing each source" not in str(model_calls[0]["prompt"])
+    assert "in three bullets, citing each source" in str(model_calls[1]["prompt"])
+    assert [line["key"] for line in outbox] == [
+        "durabl:otters-brief:3",
+        "durabl:otters-brief-v2:3",
+    ]
+    assert "https://" not in str(outbox[0]["body"])
+    assert str(outbox[1]["body"]).count("https://example.org/") == 3
+
+    # The database, read with sqlite3 alone.
+    with closing(sqlite3.connect(tmp_path / "research.db")) as conn:
+        runs = {
+            run: (status, created, updated)
+            for run, status, created, updated in conn.execute(
+                "SELECT run_id, status, created_s, updated_s FROM runs"
+            )
+        }
+        log = {
+            run: conn.execute(
+                "SELECT seq, kind, step, fp, data, at_s FROM events WHERE run_id = ? ORDER BY seq",
+                (run,),
+            ).fetchall()
+            for run in runs
+        }
+        keys = sorted(k for (k,) in conn.execute("SELECT idempotency_key FROM side_effects"))
+    assert sorted(runs) == ["otters-brief", "otters-brief-v2"]  # the refused fork made none
+    assert {status for status, _c, _u in runs.values()} == {"COMPLETED"}
+    original, fork = log["otters-brief"], log["otters-brief-v2"]
+    assert (original[seq - 1][1], original[seq - 1][2]) == ("STEP_COMPLETED", 1)
+    assert (original[seq][1], original[seq][2]) == ("STEP_STARTED", 2)  # the refused seq
+
+    started = json.loads(fork[0][4])
+    assert fork[0][1] == "RUN_STARTED"
+    assert started["forked_from"] == {"run_id": "otters-brief", "seq": seq}
+    assert started["workflow"] == "research_summary"
+    assert fork[1:seq] == original[1:seq]  # the prefix, copied as it was
+    after = [(kind, step) for _q, kind, step, *_rest in fork[seq:]]
+    assert after[0] == ("RUN_RESUMED", 0)
+    assert [step for kind, step in after if kind == "STEP_COMPLETED"] == [2, 3]
+    # The fork's search came from the log: no effect was recorded under its key for step 1.
+    assert keys == ["durabl:otters-brief-v2:3", "durabl:otters-brief:1", "durabl:otters-brief:3"]
+
+    # Nothing was written to the original after the fork.
+    assert [kind for _q, kind, *_rest in original].count("RUN_RESUMED") == 0
+    assert original[-1][1] == "RUN_COMPLETED"
+    assert max(at for *_rest, at in original) <= fork[0][5]
+    assert runs["otters-brief"][2] <= runs["otters-brief-v2"][1]
+
+    def pid(event: tuple) -> int:
+        return json.loads(event[4])["pid"]
+
+    v1_pid, fork_pid, v2_pid = pid(original[0]), pid(fork[0]), pid(fork[seq])
+    assert len({v1_pid, fork_pid, v2_pid}) == 3  # deploy v1, `durabl fork`, deploy v2
+    assert [line["pid"] for line in searches] == [v1_pid]
+    assert [line["pid"] for line in model_calls] == [v1_pid, v2_pid]
+    assert [line["pid"] for line in outbox] == [v1_pid, v2_pid]
