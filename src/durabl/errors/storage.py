@@ -268,16 +268,20 @@ class MigrationRefusedError(StorageError, refines=True):
 class TargetNotEmptyError(StorageError, refines=True):
     """The target database already holds durabl data: a migration copies into an empty one."""
 
-    def __init__(self, *, path: str, runs: int, side_effects: int, claims: int) -> None:
+    def __init__(
+        self, *, path: str, runs: int, side_effects: int, claims: int, signals: int = 0
+    ) -> None:
         self.path, self.runs = path, runs
-        self.side_effects, self.claims = side_effects, claims
+        self.side_effects, self.claims, self.signals = side_effects, claims, signals
         held = ", ".join(
             f"{n} {thing if n == 1 else things}"
             for n, thing, things in (
                 (runs, "run", "runs"),
                 (side_effects, "side effect", "side effects"),
                 (claims, "key claim", "key claims"),
+                (signals, "signal", "signals"),
             )
+            if n or thing == "run"
         )
         super().__init__(
             f"{path} already holds durabl data ({held}); a migration copies only into an "

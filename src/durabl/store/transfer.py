@@ -418,6 +418,7 @@ def _refuse_non_empty(conn: psycopg.Connection[Any], target: str) -> None:
             runs=found["runs"],
             side_effects=found["side_effects"],
             claims=found["key_claims"],
+            signals=found.get("signals", 0),
         )
 
 
