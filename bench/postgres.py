@@ -84,9 +84,18 @@ import psycopg
 from psycopg import sql
 
 from bench import harness
-from bench.harness import REPO, Report, rotations, say, summary
+from bench.harness import (
+    REPO,
+    BenchError,
+    Monitor,
+    Report,
+    rotations,
+    run_probe,
+    say,
+    summary,
+    wait_for,
+)
 from bench.throughput_peers import kit
-from bench.workers import BenchError, Monitor, wait_for
 from bench.workload import EXPECTED, OUTBOX_ENV, SLEEP_ENV, STEPS, TOOL_CALLS
 from durabl.leases import HOST, LEASE_S
 from durabl.store import Lease, open_store
@@ -310,24 +319,6 @@ def database(server: Server, backend: str, folder: Path) -> Iterator[tuple[str, 
 
 
 # -- processes ------------------------------------------------------------------------------
-
-
-def run_probe(argv: list[str], runtime: str, timeout_s: float) -> str:
-    """Run a probe to its end; its stdout. A failure is a BenchError with the probe's stderr."""
-    try:
-        done = subprocess.run(
-            argv,
-            cwd=REPO,
-            env=harness.peer_env(runtime),
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-        )
-    except subprocess.TimeoutExpired:
-        raise BenchError(f"{' '.join(argv[1:3])} ran past {timeout_s} s") from None
-    if done.returncode != 0:
-        raise BenchError(f"{' '.join(argv[1:3])} exited {done.returncode}:\n{done.stderr[-3000:]}")
-    return done.stdout
 
 
 def last_json(text: str) -> Any:

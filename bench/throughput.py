@@ -62,7 +62,7 @@ from typing import Any
 
 import durabl
 from bench import harness
-from bench.harness import REPO, Report, median_of, percentile, rotations, say
+from bench.harness import REPO, BenchError, Report, median_of, percentile, rotations, run_probe, say
 from bench.throughput_peers import kit
 from bench.workload import EXPECTED, STEPS, TOOL_CALLS, result_of
 from durabl.store import SQLiteStore
@@ -117,10 +117,6 @@ QUICK = Plan(
 )
 
 
-class BenchError(Exception):
-    """A probe or a worker failed, or a check on what it did did not hold."""
-
-
 @dataclass(frozen=True)
 class Config:
     """One runtime in one durability mode ("default" for a peer: as it configures itself)."""
@@ -154,24 +150,6 @@ def missing_peer(runtimes: Sequence[str]) -> str | None:
 
 
 # -- one sample: a probe process ------------------------------------------------------------
-
-
-def run_probe(argv: list[str], runtime: str, timeout_s: float) -> str:
-    """Run a probe to its end; its stdout. A failure is a BenchError with the probe's stderr."""
-    try:
-        done = subprocess.run(
-            argv,
-            cwd=REPO,
-            env=harness.peer_env(runtime),
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-        )
-    except subprocess.TimeoutExpired:
-        raise BenchError(f"{' '.join(argv[1:])} ran past {timeout_s} s") from None
-    if done.returncode != 0:
-        raise BenchError(f"{' '.join(argv[1:])} exited {done.returncode}:\n{done.stderr[-4000:]}")
-    return done.stdout
 
 
 def sample(

@@ -53,17 +53,17 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench import harness
-from bench.harness import Report, percentile, rotations, say, summary
+from bench.harness import BenchError, Monitor, Report, percentile, rotations, say, summary, wait_for
 from bench.workload import EXPECTED, OUTBOX_ENV, SLEEP_ENV, STEPS, TOOL_CALLS, TOPIC
 from durabl import Runtime
 from durabl.events import Event
-from durabl.store import RunRow, SQLiteStore, open_store
+from durabl.store import RunRow, SQLiteStore
 
 SCHEMA = 1
 """Version of the layout of the JSON this script writes."""
@@ -134,10 +134,6 @@ QUICK = Plan(
     fsync_samples=20,
     timeout_s=60.0,
 )
-
-
-class BenchError(Exception):
-    """Something the benchmark checks did not hold, or a process misbehaved."""
 
 
 # -- processes ------------------------------------------------------------------------------
@@ -356,67 +352,6 @@ def kill_leftovers(workers: Sequence[Worker]) -> None:
 
 
 # -- reading the database (read-only) -------------------------------------------------------
-
-
-class Monitor:
-    """The database while workers write to it, read through a read-only store, the way the
-    command line reads it. A run's log is read on from where the last look stopped: the
-    takeover case looks every few milliseconds, and a look must cost next to nothing."""
-
-    def __init__(self, db: Path | str) -> None:
-        self.store = open_store(db, read_only=True)
-        self._logs: dict[str, list[Event]] = {}
-
-    def close(self) -> None:
-        self.store.close()
-
-    def statuses(self) -> Counter[str]:
-        return Counter(row.status for row in self.store.list_runs())
-
-    def run(self, run_id: str) -> RunRow:
-        row = self.store.get_run(run_id)
-        if row is None:
-            raise BenchError(f"no run {run_id} in {self.store.path}")
-        return row
-
-    def status(self, run_id: str) -> str:
-        return self.run(run_id).status
-
-    def log(self, run_id: str) -> list[Event]:
-        seen = self._logs.setdefault(run_id, [])
-        seen += self.store.load_log(run_id, seen[-1].seq if seen else 0)
-        return seen
-
-    def resumes(self, run_id: str) -> list[tuple[int, float, dict[str, Any]]]:
-        return [
-            (e.seq, e.at_s, json.loads(e.data or "{}"))
-            for e in self.log(run_id)
-            if e.kind == "RUN_RESUMED"
-        ]
-
-    def completed_steps(self, run_id: str, after_seq: int = 0) -> list[tuple[int, float]]:
-        return [
-            (e.seq, e.at_s)
-            for e in self.log(run_id)
-            if e.kind == "STEP_COMPLETED" and e.seq > after_seq
-        ]
-
-    def lease_expires_s(self, run_id: str) -> float | None:
-        lease = self.run(run_id).lease
-        return None if lease is None else lease.expires_s
-
-
-def wait_for(
-    what: str, check: Callable[[], Any], timeout_s: float = 60.0, every_s: float = 0.005
-) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise BenchError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(every_s)
 
 
 def verify(db: Path, outbox: Path, run_ids: Sequence[str], *, keyed: bool) -> dict[str, Any]:

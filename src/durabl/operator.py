@@ -39,40 +39,27 @@ def check(engine: Engine) -> list[RunCheck]:
     """Replay every stored run, dry, against the engine's workflows (``Runtime.check``)."""
     found = []
     for row in reversed(engine.store.list_runs()):
-        finished = row.status in events.TERMINAL_STATUSES
+        at: dict[str, Any] = {}
         try:
             engine.drive(row, engine.workflow_of(row.workflow), None, None)
+            problem = None
         except NonDeterminismError as exc:
-            found.append(
-                RunCheck(
-                    run_id=row.run_id,
-                    workflow=row.workflow,
-                    status=row.status,
-                    ok=False,
-                    breaks=not finished,
-                    problem=str(exc),
-                    seq=exc.seq,
-                    position=exc.position,
-                    expected=exc.expected,
-                    actual=exc.actual,
-                )
-            )
-            continue
+            problem = str(exc)
+            at = {"seq": exc.seq, "position": exc.position}
+            at.update(expected=exc.expected, actual=exc.actual)
         except DurablError as exc:  # its workflow is not registered, its log is damaged...
-            found.append(
-                RunCheck(
-                    run_id=row.run_id,
-                    workflow=row.workflow,
-                    status=row.status,
-                    ok=False,
-                    breaks=not finished,
-                    problem=str(exc),
-                )
-            )
-            continue
+            problem = str(exc)
+        ok = problem is None
+        finished = row.status in events.TERMINAL_STATUSES
         found.append(
             RunCheck(
-                run_id=row.run_id, workflow=row.workflow, status=row.status, ok=True, breaks=False
+                run_id=row.run_id,
+                workflow=row.workflow,
+                status=row.status,
+                ok=ok,
+                breaks=not ok and not finished,
+                problem=problem,
+                **at,
             )
         )
     return found
