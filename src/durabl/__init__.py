@@ -7,6 +7,7 @@ commits each tool's effect record together with its completion in one transactio
 
 from durabl.crashpoints import ProcessDeath
 from durabl.errors import (
+    ChildRunFailed,
     DeadLetteredError,
     DurablError,
     EncodingError,
@@ -27,7 +28,17 @@ from durabl.errors import (
     UnknownWorkflowError,
 )
 from durabl.runtime import DeadLetter, RunState, Runtime
-from durabl.steps import TIMED_OUT, ModelCall, Sleep, Step, ToolCall, WaitSignal
+from durabl.steps import (
+    TIMED_OUT,
+    ChildRun,
+    ContinueAsNew,
+    ModelCall,
+    Parallel,
+    Sleep,
+    Step,
+    ToolCall,
+    WaitSignal,
+)
 from durabl.tools import RetryPolicy, Tool, ToolMode, tool
 from durabl.workflow import Workflow, workflow
 
@@ -35,6 +46,9 @@ __version__ = "0.2.0.dev0"
 
 __all__ = [
     "TIMED_OUT",
+    "ChildRun",
+    "ChildRunFailed",
+    "ContinueAsNew",
     "DeadLetter",
     "DeadLetteredError",
     "DurablError",
@@ -45,6 +59,7 @@ __all__ = [
     "ModelCallFailed",
     "NoModelError",
     "NonDeterminismError",
+    "Parallel",
     "ProcessDeath",
     "RetryPolicy",
     "RunConflictError",

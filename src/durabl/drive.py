@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from durabl import codec, crashpoints, events, replay
 from durabl.context import Context
 from durabl.errors import (
+    BadStepError,
     DurablError,
     EncodingError,
     NonDeterminismError,
@@ -28,7 +29,7 @@ from durabl.errors import (
 from durabl.flow import Hold, Park, Unwind
 from durabl.replay import History, StepRecord
 from durabl.states import Progress
-from durabl.steps import CtxValue, PatchMarker, Sleep, Step, WaitSignal
+from durabl.steps import ContinueAsNew, CtxValue, PatchMarker, Sleep, Step, WaitSignal
 from durabl.workflow import Workflow
 
 _CTX_STEPS = {what: CtxValue(what) for what in ("now", "random", "uuid")}
@@ -128,6 +129,9 @@ class Drive:
                     if self.fatal is not None:
                         raise self.fatal from None
                     return
+                except BadStepError as bad:
+                    # A step the code cannot build is a bug to fix, not the run's failure.
+                    raise Hold(bad.where(self.run_id, self.progress.position + 1)) from None
                 except Exception as exc:
                     self._check_hold()
                     self._fail(exc)
@@ -142,6 +146,8 @@ class Drive:
                     send = self._step(yielded)
                 except StepFailed as failed:
                     throw = failed
+                finally:
+                    self.progress.position += yielded.width - 1  # a Parallel's branches
         except Park:
             return
         except Hold as hold:
@@ -170,6 +176,8 @@ class Drive:
         if action == replay.SERVE and rec is not None:
             self.progress.replayed += 1
             crashpoints.reach(crashpoints.DURING_REPLAY)
+            if isinstance(step, ContinueAsNew):
+                raise Park()  # the run went on as another: nothing after the yield runs here
             return step.served(codec.decode(rec.result_text or "null"))
         if action == replay.THROW and rec is not None and rec.failure is not None:
             self.progress.replayed += 1

@@ -19,7 +19,7 @@ from durabl import codec, crashpoints, events, execute, leases
 from durabl import workflow as workflows
 from durabl.checks import check_text
 from durabl.drive import Decide, Drive, Executes
-from durabl.errors import RunConflictError
+from durabl.errors import RunConflictError, RunLeased
 from durabl.events import Event
 from durabl.execute import Services, StepCall
 from durabl.journal import Journal, Writer
@@ -130,7 +130,8 @@ class Engine:
         *,
         leased: bool,
     ) -> tuple[Workflow, RunRow, Event]:
-        """A new run's workflow, row and RUN_STARTED event; leased to this runtime, or not."""
+        """A new run's workflow, row and RUN_STARTED event; leased to this runtime, or not.
+        ``boundary`` goes into RUN_STARTED with them (where it came from, its parent)."""
         wf = self.workflow_of(target)
         input_text, value = codec.round_trip(run_input, what=f"input of workflow {wf.name!r}")
         wf.bind(value)
@@ -159,6 +160,13 @@ class Engine:
         self._check_same(existing, wf, input_text)
         if existing.status == events.RUNNING:
             return self.resume(existing, wf)
+        if existing.status == events.CONTINUED:
+            latest = self.row(self.latest(existing.run_id))
+            return (
+                self.resume(latest)
+                if latest.status == events.RUNNING
+                else self.state(latest.run_id)
+            )
         return self.state(existing.run_id)
 
     def _check_same(self, existing: RunRow, wf: Workflow, input_text: str) -> None:
@@ -198,6 +206,72 @@ class Engine:
             return RunState(
                 run_id=row.run_id, workflow=row.workflow, status=latest.status, error=str(exc)
             )
+
+    # -- child runs (durabl.execute.base.Children) -----------------------------------------
+
+    def child_run(
+        self, workflow: str, input_text: str, run_id: str, parent: tuple[str, int]
+    ) -> tuple[RunRow, Event]:
+        boundary = {**self.writer.boundary, "parent": {"run_id": parent[0], "step": parent[1]}}
+        _, row, first = self._new_run(
+            workflow, codec.decode(input_text), run_id, boundary, leased=True
+        )
+        return row, first
+
+    def next_run(self, history: History, input_text: str) -> tuple[RunRow, Event]:
+        assert history.workflow is not None
+        boundary: dict[str, Any] = {**self.writer.boundary, "continued_from": history.run_id}
+        if history.parent is not None:
+            boundary["parent"] = {"run_id": history.parent[0], "step": history.parent[1]}
+        _, row, first = self._new_run(
+            history.workflow, codec.decode(input_text), None, boundary, leased=True
+        )
+        return row, first
+
+    def latest(self, run_id: str) -> str:
+        """The run a chain of ContinueAsNew has got to from ``run_id`` (itself if it did not
+        continue)."""
+        row = self.row(run_id)
+        while row.status == events.CONTINUED and row.result_text is not None:
+            row = self.row(codec.decode(row.result_text)["continued_as"])
+        return row.run_id
+
+    def drive_child(self, run_id: str, *, fresh: bool) -> None:
+        if fresh:
+            self.writer.written.add(run_id)
+            try:
+                with self.owning(run_id, token=1) as (row, token):
+                    self.drive_owned(row, None, None, token)
+            except crashpoints.ProcessDeath:
+                raise
+            except Exception as exc:  # the child is held or failed to drive: its row says
+                _child_stopped(run_id, exc)
+            return
+        found = self.store.get_run(run_id)
+        if found is None or not _drivable(found):
+            return
+        with contextlib.suppress(RunLeased):  # driven elsewhere: its end will wake the parent
+            self.resume_isolated(found, None)
+
+    def _parent_cancelled(self, journal: Journal) -> bool:
+        """A child whose parent was cancelled is cancelled when it is next driven (a parent's
+        cancellation cancels its children at once too; this is for one that missed it: a crash
+        in between, or a child another process was driving)."""
+        parent = journal.history.parent
+        if parent is None:
+            return False
+        row = self.store.get_run(parent[0])
+        if row is None or row.status != events.CANCELLED:
+            return False
+        reason = f"its parent run {parent[0]} was cancelled"
+        journal.append(
+            [(events.RUN_CANCELLED, None, codec.encode({"reason": reason}))],
+            status=events.CANCELLED,
+            error=f"cancelled: {reason}",
+            wake_at_s=None,
+            durable=True,
+        )
+        return True
 
     # -- driving ---------------------------------------------------------------------------
 
@@ -246,7 +320,20 @@ class Engine:
         if not _drivable(row):
             return self.state(row.run_id)
         drive = self.drive(row, wf or self.workflow_of(row.workflow), now_s, token)
-        return self.state_of(drive, row)
+        state = self.state_of(drive, row)
+        if state.status == events.CONTINUED and not self.halted:
+            return self._drive_next(state)
+        return state
+
+    def _drive_next(self, state: RunState) -> RunState:
+        """Drive on the run a ContinueAsNew just created (under the lease it was created
+        with); its state, or that of the run its chain has got to."""
+        fresh = self.store.get_run(state.run_id)
+        assert fresh is not None and fresh.result_text is not None
+        next_id = codec.decode(fresh.result_text)["continued_as"]
+        self.writer.written.add(next_id)
+        with self.owning(next_id, token=1) as (row, token):
+            return self.drive_owned(row, None, None, token)
 
     def drive(self, row: RunRow, wf: Workflow, now_s: float | None, token: int | None) -> Drive:
         """One pass through the run (a dry replay with ``token`` None); raises what held it."""
@@ -262,6 +349,8 @@ class Engine:
             dry=token is None,
             stopping=lambda: self.halted,
         )
+        if token is not None and self._parent_cancelled(journal):
+            return drive
         drive.run()
         if drive.hold is not None:
             raise drive.hold
@@ -341,6 +430,12 @@ class Engine:
     def halt(self) -> None:
         """Let the steps in progress finish and park their runs; takes no lock."""
         self.halted = True
+
+
+def _child_stopped(run_id: str, exc: Exception) -> None:
+    import logging  # only here: a child that cannot be driven is rare
+
+    logging.getLogger("durabl").warning("child run %s stopped: %s", run_id, exc)
 
 
 def _drivable(row: RunRow) -> bool:

@@ -41,8 +41,11 @@ RUN_FAILED = "RUN_FAILED"
 """The workflow raised; data describes the error."""
 RUN_CANCELLED = "RUN_CANCELLED"
 """An operator cancelled the run."""
+RUN_CONTINUED = "RUN_CONTINUED"
+"""The workflow continued as a new run (ContinueAsNew): data names the next run, created in the
+same transaction, which goes on with a fresh log."""
 
-TERMINAL = frozenset({RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED})
+TERMINAL = frozenset({RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED, RUN_CONTINUED})
 
 
 class Event(NamedTuple):
@@ -66,4 +69,6 @@ COMPLETED = "COMPLETED"
 FAILED = "FAILED"
 DEAD_LETTERED = "DEAD_LETTERED"
 CANCELLED = "CANCELLED"
-TERMINAL_STATUSES = frozenset({COMPLETED, FAILED, CANCELLED})
+CONTINUED = "CONTINUED"
+"""Ended by ContinueAsNew: its result names the run that goes on (``continued_as``)."""
+TERMINAL_STATUSES = frozenset({COMPLETED, FAILED, CANCELLED, CONTINUED})

@@ -21,11 +21,20 @@ from collections.abc import Callable
 from typing import Any
 
 from durabl import codec, events
+from durabl.errors import ChildRunFailed
 from durabl.events import Event
 from durabl.replay import History
 from durabl.states import Progress
 from durabl.steps import Step
-from durabl.store.base import UNCHANGED, Commit, KeyClaim, RunRow, SideEffect, Store
+from durabl.store.base import (
+    UNCHANGED,
+    Commit,
+    KeyClaim,
+    ParentNote,
+    RunRow,
+    SideEffect,
+    Store,
+)
 
 KEEP = UNCHANGED
 """Default for ``Journal.append``'s ``wake_at_s``: leave the run's timer as it is."""
@@ -101,9 +110,14 @@ class Journal:
         durable: bool = False,
         deliver_signal: int | None = None,
         wake_on_signal: str | None = None,
+        new_run: tuple[RunRow, Event] | None = None,
+        carry_signals: str | None = None,
     ) -> None:
         """Append ``new`` at the step in hand (or at ``step``) and set the run's row, in ONE
-        transaction. Without an explicit status, writing events means the run is RUNNING."""
+        transaction. Without an explicit status, writing events means the run is RUNNING.
+        ``new_run``: a run to create in the same transaction (a child, the next of a chain);
+        ``carry_signals``: the run that takes over this run's signals no wait has taken.
+        The commit that ends a child run records its outcome in its parent's log too."""
         if self.token is None:
             raise AssertionError("a dry replay never writes")
         if status is None:
@@ -131,6 +145,9 @@ class Journal:
                 fence=self.token,
                 deliver_signal=deliver_signal,
                 wake_on_signal=wake_on_signal,
+                new_run=new_run,
+                carry_signals=carry_signals,
+                parent_note=self._parent_note(rows) if self.history.parent else None,
             )
         )
         if new:
@@ -152,6 +169,28 @@ class Journal:
             at = 0 if kind in events.TERMINAL else position
             rows.append(Event(seq, kind, at, fp, data, now_s))
         return rows
+
+    def _parent_note(self, rows: list[Event]) -> ParentNote | None:
+        """For a commit that ends a child run: its outcome, for the parent's ChildRun step."""
+        assert self.history.parent is not None
+        parent_id, step = self.history.parent
+        for row in rows:
+            if row.kind == events.RUN_COMPLETED:
+                return ParentNote(
+                    run_id=parent_id, step=step, kind=events.STEP_COMPLETED, data=row.data
+                )
+            if row.kind in (events.RUN_FAILED, events.RUN_CANCELLED):
+                record = codec.decode(row.data or "{}")
+                failed = row.kind == events.RUN_FAILED
+                failure = ChildRunFailed(
+                    f"ChildRun({self.history.workflow!r})",
+                    record.get("error_type", "Error") if failed else "RunCancelled",
+                    record.get("message", "") if failed else record.get("reason", ""),
+                    child=self.run_id,
+                )
+                data = codec.encode(failure.to_record())
+                return ParentNote(run_id=parent_id, step=step, kind=events.STEP_FAILED, data=data)
+        return None
 
     def started(self, step: Step) -> list[NewEvent]:
         """STEP_STARTED for the step in hand, unless the log already holds its position."""

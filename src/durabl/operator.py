@@ -20,13 +20,14 @@ from durabl.errors import (
     NonDeterminismError,
     NotDeadLetteredError,
     RunLeased,
+    RunNotFoundError,
     described,
 )
 from durabl.events import Event
 from durabl.metrics import MetricsFold
 from durabl.replay import History, describe_record
 from durabl.states import Compaction, DeadLetter, RunCheck, RunCompaction, RunState
-from durabl.steps import derived_key
+from durabl.steps import child_run_id, derived_key
 from durabl.store.base import RunRow, SideEffect
 
 logger = logging.getLogger("durabl")
@@ -187,18 +188,39 @@ def resolve(engine: Engine, run_id: str, result: Any) -> RunState:
 
 
 def cancel(engine: Engine, run_id: str, reason: str) -> RunState:
-    """End a run that has not finished. Recorded in the log; the run never resumes."""
+    """End a run that has not finished, and then the children it waits on, theirs in turn.
+    Recorded in each log; none of them resumes. A child another process is driving now is
+    cancelled when it is next driven (it finds its parent cancelled)."""
     with engine.owning(run_id) as (row, token):
         if row.status in events.TERMINAL_STATUSES:
             raise AlreadyTerminalError(run_id=run_id, status=row.status)
-        engine.journal(row, token).append(
+        journal = engine.journal(row, token)
+        journal.append(
             [(events.RUN_CANCELLED, None, codec.encode({"reason": reason}))],
             status=events.CANCELLED,
             error=f"cancelled: {reason}",
             wake_at_s=None,
             durable=True,
         )
+    for child_id in open_children(journal.history):
+        try:
+            child_id = engine.latest(child_id)  # where a child's ContinueAsNew chain has got
+            cancel(engine, child_id, f"its parent run {run_id} was cancelled")
+        except (AlreadyTerminalError, RunLeased, RunNotFoundError):
+            continue
     return engine.state(run_id)
+
+
+def open_children(history: History) -> list[str]:
+    """The ids of the child runs the run started and has no outcome of, in step order."""
+    found = []
+    for position in sorted(history.steps):
+        rec = history.steps[position]
+        if rec.done or rec.canonical is None or not rec.canonical.startswith('["child",'):
+            continue
+        explicit = codec.decode(rec.canonical)[3]
+        found.append(child_run_id(history.run_id, position, explicit))
+    return found
 
 
 def dead_lettered_event(engine: Engine, row: RunRow) -> Event:

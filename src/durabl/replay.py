@@ -76,6 +76,8 @@ class History:
     terminal: str | None = None
     terminal_data: str | None = None
     resumed_at: list[int] = field(default_factory=list)
+    parent: tuple[str, int] | None = None
+    """A child run's parent and the parent's step that started it (from RUN_STARTED)."""
     folded_metrics: dict[str, Any] | None = None  # what a snapshot kept for the metrics fold
 
     @classmethod
@@ -103,6 +105,8 @@ class History:
         history.folded_metrics = data["metrics"]
         history.input_text = data["input"]
         history.resumed_at = data["resumed_at"]
+        parent = data.get("parent")
+        history.parent = None if parent is None else (parent[0], parent[1])
         steps = history.steps
         for position, fp, first, done, attempts, retries, about, result, failure in data["steps"]:
             steps[position] = StepRecord(
@@ -159,6 +163,7 @@ class History:
                 "workflow": self.workflow,
                 "input": self.input_text,
                 "resumed_at": [s for s in self.resumed_at if s <= seq],
+                "parent": None if self.parent is None else list(self.parent),
                 "steps": steps,
                 "metrics": metrics,
             }
@@ -197,6 +202,9 @@ def _run_started(h: History, e: Event) -> None:
     data = codec.decode(e.data or "{}")
     h.workflow = data["workflow"]
     h.input_text = codec.encode(data["input"])
+    parent = data.get("parent")
+    if parent is not None:
+        h.parent = (parent["run_id"], parent["step"])
 
 
 def _run_resumed(h: History, e: Event) -> None:
@@ -295,6 +303,7 @@ _HANDLERS = {
     events.RUN_COMPLETED: _terminal,
     events.RUN_FAILED: _terminal,
     events.RUN_CANCELLED: _terminal,
+    events.RUN_CONTINUED: _terminal,
 }
 
 

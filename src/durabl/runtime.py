@@ -19,6 +19,7 @@ use them: starting a run needs none of them, so ``import durabl`` costs only wha
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from durabl import codec, events, leases, replay
 from durabl.checks import check_text, check_type
 from durabl.engine import Engine
-from durabl.errors import DeadLetteredError, RunFailedError, RunNotFinishedError
+from durabl.errors import DeadLetteredError, RunEndedError, RunFailedError, RunNotFinishedError
 from durabl.execute import Services
 from durabl.journal import Journal, Writer
 from durabl.replay import History, StepRecord
@@ -38,8 +39,14 @@ from durabl.tools import RetryPolicy, Tool, build_registry
 from durabl.workflow import build_registry as build_workflow_registry
 
 if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
+
     from durabl.metrics import Metrics
     from durabl.worker import Worker, WorkerStats
+
+
+PARALLELISM = 8
+"""How many branches of Parallel steps one runtime runs at once, over all its runs."""
 
 
 class Runtime:
@@ -60,6 +67,7 @@ class Runtime:
         durability: str = "full",
         store: Store | None = None,
         lease_s: float = leases.LEASE_S,
+        parallelism: int = PARALLELISM,
     ) -> None:
         if llm is not None and not callable(llm):
             raise TypeError(
@@ -69,6 +77,10 @@ class Runtime:
             raise TypeError("clock must be a zero-argument callable returning epoch seconds")
         if retry is not None:
             check_type("retry", retry, RetryPolicy)
+        if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1:
+            raise ValueError(
+                f"parallelism must be a whole number of 1 or more, got {parallelism!r}"
+            )
         registered_tools = build_registry(tools)
         registered_workflows = build_workflow_registry(workflows)
         self._retry = retry or RetryPolicy()
@@ -88,15 +100,29 @@ class Runtime:
         self._boundary = {"pid": os.getpid(), "host": leases.HOST, "owner": self.instance_id}
         self._policies: dict[str, RetryPolicy] = {}
         self._worker: Worker | None = None
+        self._parallelism = parallelism
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+        services = Services(
+            llm,
+            registered_tools,
+            self._retry,
+            self._policy,
+            self.call_tool,
+            decide=self.decide,
+            pool=self._branch_pool,
+            stopping=lambda: self._engine.halted,
+        )
         self._engine = Engine(
             store=self.store,
             writer=Writer(self.store, self._clock, self._boundary, self.journal_class),
             leaser=self._leaser,
             workflows=registered_workflows,
-            services=Services(llm, registered_tools, self._retry, self._policy, self.call_tool),
+            services=services,
             decide=self.decide,
             clock=self._clock,
         )
+        services.children = self._engine
 
     # -- seams -----------------------------------------------------------------------------
 
@@ -107,6 +133,18 @@ class Runtime:
     def call_tool(self, tool: Tool, args: dict[str, Any]) -> Any:
         """Hand control to a tool: the only place durabl calls one (a seam)."""
         return tool.fn(**args)
+
+    def _branch_pool(self) -> ThreadPoolExecutor:
+        """The threads the branches of every Parallel of this runtime share (made at first use:
+        most runtimes never need them)."""
+        with self._pool_lock:
+            if self._pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._pool = ThreadPoolExecutor(
+                    max_workers=self._parallelism, thread_name_prefix="durabl-parallel"
+                )
+            return self._pool
 
     def _policy(self, tool: Tool) -> RetryPolicy:
         policy = self._policies.get(tool.name)
@@ -136,6 +174,8 @@ class Runtime:
             self._worker.stop()
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
         self._leaser.close()
         self.store.close()
 
@@ -175,7 +215,13 @@ class Runtime:
         ``EncodingError`` for a payload that is not JSON; nothing is written then."""
         check_text("name", name)
         text, _ = codec.round_trip(payload, what=f"the payload of signal {name!r} to run {run_id}")
-        return self.store.send_signal(run_id, name, text, self._clock())
+        while True:  # to the run a ContinueAsNew chain has got to, which may move on meanwhile
+            target = self._engine.latest(run_id)
+            try:
+                return self.store.send_signal(target, name, text, self._clock())
+            except RunEndedError as ended:
+                if ended.status != events.CONTINUED:
+                    raise
 
     def resume(self, run_id: str) -> RunState:
         """Drive an existing run on from where its log ends."""

@@ -1,4 +1,5 @@
-"""What a workflow yields: ModelCall, ToolCall, Sleep and WaitSignal, and their fingerprints.
+"""What a workflow yields: ModelCall, ToolCall, Sleep, WaitSignal and Parallel, and their
+fingerprints.
 
 A step is a description of work, never the work itself. Each step has a canonical text (the JSON
 of its type and arguments) and a fingerprint of that text; replay compares fingerprints to tell
@@ -9,10 +10,11 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from durabl import codec
 from durabl.checks import check_text
+from durabl.errors import BadStepError
 
 DERIVED_KEY_PREFIX = "durabl:"
 """Derived idempotency keys start with this; explicit keys may not, so the two never collide."""
@@ -32,6 +34,8 @@ class Step:
 
     __slots__ = ("_fp", "canonical")
     kind: ClassVar[str] = ""
+    width: ClassVar[int] = 1
+    """How many positions of the run's log the step takes (a Parallel: one per branch, more)."""
     canonical: str
     _fp: str
 
@@ -226,6 +230,152 @@ class WaitSignal(Step):
         return recorded["payload"] if isinstance(recorded, dict) else recorded
 
 
+class Parallel(Step):
+    """Run model and tool calls concurrently: ``results = yield Parallel([ToolCall(...),
+    ModelCall(...)])`` returns their results in the order given, whatever order they finished
+    in. Each branch is a step of its own (its own transaction, tool mode and retries), at the
+    positions after the Parallel's own, so after a crash only the unfinished ones run again.
+
+    When a branch fails for good, the others settle first (``fail_fast``: branches not yet
+    begun are not begun), then the failure of the first failed branch in the order given is
+    thrown into the workflow. ``max_concurrency`` bounds this call's branches running at
+    once, within the runtime's own bound (``Runtime(parallelism=...)``); it is not part of the
+    step's identity, so it can be tuned under running runs."""
+
+    __slots__ = ("fail_fast", "max_concurrency", "steps")
+    kind = "parallel"
+
+    def __init__(
+        self,
+        steps: Any,
+        *,
+        max_concurrency: int | None = None,
+        fail_fast: bool = False,
+    ) -> None:
+        if isinstance(steps, Step) or not hasattr(steps, "__iter__"):
+            raise BadStepError(
+                f"Parallel takes a list of steps, got {type(steps).__name__} {steps!r}"
+            )
+        branches = list(steps)
+        if not branches:
+            raise BadStepError("Parallel([]) has no steps to run; give it at least one")
+        for index, branch in enumerate(branches):
+            if isinstance(branch, Parallel):
+                raise BadStepError(
+                    f"Parallel step {index} is itself a Parallel; nesting is not supported: "
+                    f"put its steps in the outer list"
+                )
+            if not isinstance(branch, ModelCall | ToolCall):
+                raise BadStepError(
+                    f"Parallel step {index} is {branch!r} ({type(branch).__name__}); a Parallel "
+                    f"runs ModelCall and ToolCall steps"
+                )
+        if max_concurrency is not None and (
+            isinstance(max_concurrency, bool)
+            or not isinstance(max_concurrency, int)
+            or max_concurrency < 1
+        ):
+            raise BadStepError(
+                f"Parallel max_concurrency must be a whole number of 1 or more, "
+                f"got {max_concurrency!r}"
+            )
+        if not isinstance(fail_fast, bool):
+            raise BadStepError(f"Parallel fail_fast must be True or False, got {fail_fast!r}")
+        self.steps: tuple[ModelCall | ToolCall, ...] = tuple(branches)
+        self.max_concurrency = max_concurrency
+        self.fail_fast = fail_fast
+        inner = ",".join(branch.canonical for branch in branches)
+        self.canonical = f'["parallel",[{inner}],{json.dumps(fail_fast)}]'
+
+    @property
+    def width(self) -> int:  # type: ignore[override]
+        return 1 + len(self.steps)
+
+    def describe(self) -> str:
+        return _describe_parallel(len(self.steps), [b.describe() for b in self.steps])
+
+
+def _describe_parallel(count: int, branches: list[str]) -> str:
+    shown = ", ".join(branches[:2]) + (", …" if count > 2 else "")
+    steps = "step" if count == 1 else "steps"
+    return _short(f"Parallel({count} {steps}: {shown})", 120)
+
+
+def child_run_id(parent_id: str, position: int, explicit: str | None) -> str:
+    """The run id of the child a ChildRun at ``position`` of run ``parent_id`` starts: its own
+    ``run_id``, or one derived from the parent's and the position (so a replay names the same
+    child, and no two children of one run share an id)."""
+    return explicit if explicit is not None else f"{parent_id}-{position}"
+
+
+@runtime_checkable
+class Registered(Protocol):
+    """What ``@workflow`` returns, as a ChildRun sees it: a name, and input binding."""
+
+    name: str
+
+    def bind(self, run_input: Any) -> dict[str, Any]: ...
+
+
+class ChildRun(Step):
+    """Run a workflow as a run of its own and wait for its result: ``result = yield
+    ChildRun(summarise, {"text": text})``. The child has its own log, is listed and driven
+    like any run, and names its parent; it is created in the same transaction that records
+    this step, and its end is recorded in this run's log in the transaction that ends it, so a
+    crash anywhere leaves neither an orphan nor a second child. A child that fails or is
+    cancelled throws ``ChildRunFailed`` here; cancelling this run cancels the child.
+
+    ``workflow``: a ``@workflow`` or its registered name (a worker that drives the child must
+    know it). ``run_id``: the child's id (default: derived from this run's id and the step)."""
+
+    __slots__ = ("input_text", "run_id", "workflow")
+    kind = "child"
+
+    def __init__(self, workflow: Any, input: Any = None, *, run_id: str | None = None) -> None:
+        name = workflow if isinstance(workflow, str) else getattr(workflow, "name", None)
+        if not isinstance(name, str) or not name or not isinstance(workflow, str | Registered):
+            raise BadStepError(
+                f"ChildRun takes a @workflow or its registered name, got "
+                f"{type(workflow).__name__} {workflow!r}; decorate the function with @workflow"
+            )
+        try:
+            self.input_text = codec.encode(input, what=f"the input of ChildRun({name!r})")
+            if run_id is not None:
+                check_text(f"ChildRun({name!r}) run_id", run_id)
+        except (TypeError, ValueError) as exc:
+            raise BadStepError(str(exc)) from None
+        self.workflow = name
+        self.run_id = run_id
+        self.canonical = (
+            f'["child",{codec.encode_str(name)},{self.input_text},{json.dumps(run_id)}]'
+        )
+
+    def describe(self) -> str:
+        return f"ChildRun({self.workflow!r}, {_short(self.input_text)})"
+
+
+class ContinueAsNew(Step):
+    """End this run and go on as a new run of the same workflow with ``input`` and a fresh
+    log: ``yield ContinueAsNew({"turn": n + 1, "summary": summary})``. For loops without end
+    (a chat session, a monitor), so that no run's history grows without bound. This run ends
+    CONTINUED, naming the next; the next is created in the same transaction, names this one,
+    keeps its parent if it has one, and takes over the signals sent here and not yet taken.
+    Nothing after the yield runs."""
+
+    __slots__ = ("input_text",)
+    kind = "continue"
+
+    def __init__(self, input: Any = None) -> None:
+        try:
+            self.input_text = codec.encode(input, what="the input of ContinueAsNew")
+        except TypeError as exc:
+            raise BadStepError(str(exc)) from None
+        self.canonical = f'["continue",{self.input_text}]'
+
+    def describe(self) -> str:
+        return f"ContinueAsNew({_short(self.input_text)})"
+
+
 class CtxValue(Step):
     """A non-deterministic value read through ctx (now, random, uuid), recorded once."""
 
@@ -276,6 +426,13 @@ def describe_canonical(canonical: str) -> str:
             return f"WaitSignal({parsed[1]!r}{timeout})"
         if kind == "patch":
             return f"ctx.patched({parsed[1]!r})"
+        if kind == "continue":
+            return f"ContinueAsNew({_short(codec.encode(parsed[1]))})"
+        if kind == "child":
+            return f"ChildRun({parsed[1]!r}, {_short(codec.encode(parsed[2]))})"
+        if kind == "parallel":
+            inner = [describe_canonical(json.dumps(branch)) for branch in parsed[1]]
+            return _describe_parallel(len(inner), inner)
     except (ValueError, IndexError, TypeError, KeyError):
         pass
     return canonical

@@ -34,6 +34,7 @@ _STATUSES = (
     events.COMPLETED,
     events.FAILED,
     events.CANCELLED,
+    events.CONTINUED,
 )
 
 RUNS_SHOWN = 100

@@ -245,6 +245,21 @@ class NoModelError(DurablError):
         )
 
 
+class BadStepError(DurablError, ValueError):
+    """A step built with arguments it cannot run with (``Parallel([])``, a nested Parallel, a
+    ChildRun of a workflow that is not registered). Raised where the step is built; a run that
+    raises it is held, not failed: nothing is written, and a deploy that fixes the code resumes
+    it. ``at`` names the run and the position the step would have taken, once known."""
+
+    def __init__(self, problem: str, *, at: str | None = None) -> None:
+        self.problem, self.at = problem, at
+        super().__init__(problem if at is None else f"{at}: {problem}")
+
+    def where(self, run_id: str, position: int) -> BadStepError:
+        """The same error, naming the run and the step."""
+        return BadStepError(self.problem, at=f"run {run_id} step {position}")
+
+
 def not_a_step(*, workflow: str, yielded: Any) -> TypeError:
     """What is thrown into a workflow that yielded something other than a step. A plain
     TypeError, not a class of its own: its name is recorded when the run fails on it."""
@@ -294,7 +309,12 @@ class StepFailed(DurablError):
 
     @staticmethod
     def from_record(record: dict[str, Any]) -> StepFailed:
-        cls = ModelCallFailed if record.get("class") == "ModelCallFailed" else ToolFailed
+        kind = record.get("class")
+        if kind == "ChildRunFailed":
+            return ChildRunFailed(
+                record["name"], record["error_type"], record["message"], child=record["child"]
+            )
+        cls = ModelCallFailed if kind == "ModelCallFailed" else ToolFailed
         return cls(record["name"], record["error_type"], record["message"], record["attempts"])
 
 
@@ -308,6 +328,22 @@ class ToolFailed(StepFailed):
 
 class ModelCallFailed(StepFailed):
     """A model call failed for good (retries exhausted, or a non-retryable error)."""
+
+
+class ChildRunFailed(StepFailed):
+    """A child run ended without a result (it failed, or was cancelled): thrown into the
+    parent at its ChildRun. ``child`` is the child's run id; ``error_type`` is the child's
+    error's type (``RunCancelled`` for a cancelled child)."""
+
+    def __init__(self, step_name: str, error_type: str, message: str, *, child: str) -> None:
+        self.child = child
+        super().__init__(step_name, error_type, message)
+
+    def describe(self) -> str:
+        return f"{self.step_name} (run {self.child}) ended without a result: {self.error_type}: {self.message}"
+
+    def to_record(self) -> dict[str, Any]:
+        return {**super().to_record(), "child": self.child}
 
 
 class IdempotencyKeyConflict(DurablError):

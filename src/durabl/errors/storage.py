@@ -254,6 +254,14 @@ class SideEffectExistsError(StorageError, refines=True):
         )
 
 
+class RunExistsError(StorageError, refines=True):
+    """A run of this id exists already: a commit that would create it is refused whole."""
+
+    def __init__(self, *, path: str, run_id: str) -> None:
+        self.path, self.run_id = path, run_id
+        super().__init__(f"{path}: refusing to create run {run_id!r}: a run of that id exists")
+
+
 # -- storage: copying a database to another backend (durabl migrate) ---------------------------
 
 

@@ -9,15 +9,29 @@ from __future__ import annotations
 
 from typing import Any
 
-from durabl.execute import ctx, model, signal, timer, tool
+from durabl.execute import child, continuation, ctx, model, parallel, signal, timer, tool
 from durabl.execute.base import Executor, Services, StepCall
-from durabl.steps import CtxValue, ModelCall, PatchMarker, Sleep, Step, ToolCall, WaitSignal
+from durabl.steps import (
+    ChildRun,
+    ContinueAsNew,
+    CtxValue,
+    ModelCall,
+    Parallel,
+    PatchMarker,
+    Sleep,
+    Step,
+    ToolCall,
+    WaitSignal,
+)
 
 EXECUTORS: dict[type[Step], Executor] = {
     ModelCall: model.execute,
     ToolCall: tool.execute,
     Sleep: timer.execute,
     WaitSignal: signal.execute,
+    Parallel: parallel.execute,
+    ChildRun: child.execute,
+    ContinueAsNew: continuation.execute,
     CtxValue: ctx.execute,
     PatchMarker: ctx.execute,  # recorded as a ctx value whose value is the patch id
 }

@@ -4,12 +4,36 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from durabl.events import Event
 from durabl.journal import Journal
-from durabl.replay import StepRecord
+from durabl.replay import History, StepRecord
 from durabl.steps import Step
+from durabl.store.base import RunRow
 from durabl.tools import RetryPolicy, Tool
+
+if TYPE_CHECKING:
+    from concurrent.futures import Executor as Pool
+
+
+class Children(Protocol):
+    """What a ChildRun asks of the engine that drives its run."""
+
+    def child_run(
+        self, workflow: str, input_text: str, run_id: str, parent: tuple[str, int]
+    ) -> tuple[RunRow, Event]:
+        """The child's row (leased to this runtime) and RUN_STARTED, naming ``parent`` (the
+        parent's run id and step); ``UnknownWorkflowError`` for a workflow not registered,
+        ``TypeError`` for an input its parameters cannot take."""
+
+    def next_run(self, history: History, input_text: str) -> tuple[RunRow, Event]:
+        """The row (leased to this runtime) and RUN_STARTED of the run a ContinueAsNew in the
+        run of ``history`` goes on as: the same workflow, ``input_text``, a new id."""
+
+    def drive_child(self, run_id: str, *, fresh: bool) -> None:
+        """Drive the child as far as it goes now (``fresh``: just created, under the lease it
+        was created with); a child this process cannot drive now is left as it is."""
 
 
 @dataclass(slots=True)
@@ -23,6 +47,14 @@ class Services:
     """The retry policy of one tool (its own, or the runtime's)."""
     call_tool: Callable[[Tool, dict[str, Any]], Any]
     """Hand control to a tool: the only place durabl calls one (a seam, see ``Runtime``)."""
+    decide: Callable[[History, int, Step], tuple[str, StepRecord | None]]
+    """The replay decision (the runtime's seam), for the branches of a Parallel."""
+    pool: Callable[[], Pool]
+    """The runtime's bounded pool of threads, made when a Parallel first needs it."""
+    stopping: Callable[[], bool]
+    """True once the runtime is stopping: no new branch of a Parallel begins."""
+    children: Children | None = None
+    """The engine, for ChildRun (set once the engine exists)."""
 
 
 class StepCall:

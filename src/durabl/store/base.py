@@ -75,6 +75,17 @@ class KeyClaim:
     args_fp: str
 
 
+@dataclass(slots=True, frozen=True, kw_only=True)
+class ParentNote:
+    """An event for another run's log, written by the commit that ends a child run: the
+    parent's record of the child's outcome, at the parent's step that started the child."""
+
+    run_id: str
+    step: int
+    kind: str
+    data: str | None
+
+
 @dataclass(slots=True)
 class Commit:
     """Everything one transaction writes for one run. All of it lands, or none of it."""
@@ -98,6 +109,19 @@ class Commit:
     wake_on_signal: str | None = None
     """A wait being parked for signals of this name: if one is pending when the commit lands,
     the run's timer is set to ``at_s`` (due now) instead."""
+    new_run: tuple[RunRow, Event] | None = None
+    """A run to create in the same transaction (a child run, the next run of a chain): its row
+    (leased with token 1 if ``row.lease`` is set) and its RUN_STARTED. A run of that id that
+    exists already refuses the whole commit with ``RunExistsError``."""
+    carry_signals: str | None = None
+    """A run (created by this commit) that takes over this run's signals no wait has taken:
+    each is copied to it, in the order sent, and marked delivered here, at the step of the
+    commit's last event."""
+    parent_note: ParentNote | None = None
+    """An event to append, in the same transaction, to the end of another run's log (its seq
+    is that log's next; the event carries no fence: the parent waits on this child and writes
+    nothing at that step), which also makes that run due at ``at_s``. Nothing is written to a
+    run that has ended, or does not exist."""
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)

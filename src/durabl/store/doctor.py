@@ -35,6 +35,7 @@ _TERMINAL_OF = {
     events.COMPLETED: events.RUN_COMPLETED,
     events.FAILED: events.RUN_FAILED,
     events.CANCELLED: events.RUN_CANCELLED,
+    events.CONTINUED: events.RUN_CONTINUED,
 }
 _STATUSES = {
     *(events.RUNNING, events.SLEEPING, events.WAITING, events.HELD, events.DEAD_LETTERED),

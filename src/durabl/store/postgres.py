@@ -48,6 +48,7 @@ from durabl.errors import (
     NoRunToCompactError,
     OlderSchemaError,
     PostgresError,
+    RunExistsError,
     SchemaVersionError,
     ServerUnreachableError,
     SideEffectExistsError,
@@ -55,8 +56,17 @@ from durabl.errors import (
     StoreClosedError,
     UninitialisedError,
 )
-from durabl.events import Event
-from durabl.store.base import UNCHANGED, Commit, KeyClaim, Lease, RunRow, SideEffect, Signal
+from durabl.events import TERMINAL_STATUSES, Event
+from durabl.store.base import (
+    UNCHANGED,
+    Commit,
+    KeyClaim,
+    Lease,
+    ParentNote,
+    RunRow,
+    SideEffect,
+    Signal,
+)
 from durabl.store.records import NO_LEASE, parameters_of, run_row
 from durabl.store.schema import load_migrations, load_queries
 from durabl.store.sqlite import INSERT_BATCH, check_durability
@@ -493,6 +503,25 @@ class PostgresStore:
         row = "(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
         conn.execute(PQ["insert_events_head"] + ", ".join([row] * len(appended)), values)
 
+    def _insert_new_run(self, conn: psycopg.Connection[Any], row: RunRow, first: Event) -> None:
+        """A run created by a commit (a child, the next of a chain): refused if it exists."""
+        token = None if row.lease is None else 1
+        lease = NO_LEASE if row.lease is None else parameters_of(row.lease)
+        params = parameters_of(row, **lease, lease_token=token or 0)
+        if conn.execute(PQ["insert_run"], params).rowcount == 0:
+            raise RunExistsError(path=self.path, run_id=row.run_id)
+        self._insert_events(conn, row.run_id, [first], token)
+
+    def _note_parent(self, conn: psycopg.Connection[Any], note: ParentNote, at_s: float) -> None:
+        """A child's outcome at the end of its parent's log, and the parent due; nothing if
+        the parent has ended or is gone."""
+        found = conn.execute(PQ["parent_end"], {"run_id": note.run_id}).fetchone()
+        if found is None or found[0] in TERMINAL_STATUSES:
+            return
+        event = Event(found[1] + 1, note.kind, note.step, None, note.data, at_s)
+        self._insert_events(conn, note.run_id, [event], None)
+        conn.execute(PQ["wake_parent"], {"run_id": note.run_id, "at_s": at_s})
+
     def commit(self, commit: Commit) -> None:
         run_id, fence = commit.run_id, commit.fence
 
@@ -509,6 +538,15 @@ class PostgresStore:
                 step = commit.events[-1].step if commit.events else 0
                 delivering = {"run_id": run_id, "id": commit.deliver_signal, "step": step}
                 conn.execute(PQ["deliver_signal"], delivering)
+            if commit.new_run is not None:
+                self._insert_new_run(conn, *commit.new_run)
+            if commit.carry_signals is not None:
+                step = commit.events[-1].step if commit.events else 0
+                carrying = {"run_id": run_id, "to_run": commit.carry_signals, "step": step}
+                conn.execute(PQ["carry_signals"], carrying)
+                conn.execute(PQ["close_signals"], carrying)
+            if commit.parent_note is not None:
+                self._note_parent(conn, commit.parent_note, commit.at_s)
             set_wake = commit.wake_at_s != UNCHANGED
             fenced_alone = fence is not None and not commit.events
             if (
@@ -561,7 +599,10 @@ class PostgresStore:
                 write=True,
                 durable=commit.durable,
                 landed=landed,
-                pipelined=bool(commit.events) and commit.wake_on_signal is None,
+                pipelined=bool(commit.events)
+                and commit.wake_on_signal is None
+                and commit.new_run is None
+                and commit.parent_note is None,
             )
         except PostgresError as exc:
             if effect is not None and exc.constraint == "side_effects_pkey":

@@ -34,12 +34,13 @@ from durabl.errors import (
     LeaseLost,
     NoRunToCompactError,
     RunEndedError,
+    RunExistsError,
     RunNotFoundError,
     SideEffectExistsError,
     SnapshotChecksumError,
     StoreClosedError,
 )
-from durabl.events import Event
+from durabl.events import TERMINAL_STATUSES, Event
 from durabl.store.base import UNCHANGED, Commit, KeyClaim, Lease, RunRow, SideEffect, Signal
 from durabl.store.connection import open_database
 from durabl.store.files import file_bytes
@@ -61,7 +62,9 @@ INSERT_BATCH = 500
 """Events per insert statement when a whole history is written at once (a fork): SQLite and
 PostgreSQL both cap the parameters one statement binds."""
 
-_UNCOUNTED = frozenset({"wake_on_signal"})
+_UNCOUNTED = frozenset(
+    {"wake_on_signal", "insert_run", "note_parent", "carry_signals", "close_signals"}
+)
 """Statements that may change no row in a commit whose fence held: they come after the run
 row's update, whose count tells whether it did."""
 
@@ -238,6 +241,19 @@ class SQLiteStore:
             step = commit.events[-1].step if commit.events else 0
             delivering = {"run_id": run_id, "id": commit.deliver_signal, "step": step}
             statements.append(("deliver_signal", delivering))
+        if commit.new_run is not None:
+            row, first = commit.new_run
+            token = None if row.lease is None else 1
+            lease = NO_LEASE if row.lease is None else parameters_of(row.lease)
+            statements.append(("insert_run", parameters_of(row, **lease, lease_token=token or 0)))
+            statements.append(events_insert(row.run_id, [first], token))
+        if commit.carry_signals is not None:
+            step = commit.events[-1].step if commit.events else 0
+            carrying = {"run_id": run_id, "to_run": commit.carry_signals, "step": step}
+            statements.append(("carry_signals", carrying))
+            statements.append(("close_signals", carrying))
+        if commit.parent_note is not None:
+            statements.append(("note_parent", parameters_of(commit.parent_note, at_s=commit.at_s)))
         set_wake = commit.wake_at_s != UNCHANGED
         if (
             commit.status is not None
@@ -386,6 +402,8 @@ class SQLiteStore:
 
     def _execute(self, conn: sqlite3.Connection, statement: Statement) -> int:
         name, params = statement
+        if name == "note_parent":
+            return self._note_parent(conn, params)
         if name == "insert_events":
             sql, values = _insert_events_sql(params["rows"]), params["values"]
         else:
@@ -401,10 +419,25 @@ class SQLiteStore:
             raise LeaseLost(run_id=params["run_id"], token=params["fence"])
         return changed
 
+    def _note_parent(self, conn: sqlite3.Connection, params: dict[str, Any]) -> int:
+        """Append a child's outcome at the end of its parent's log and make the parent due;
+        nothing if the parent has ended (its log is closed) or is gone."""
+        sql, bind = NUMBERED["parent_end"]
+        found = conn.execute(sql, bind(params)).fetchone()
+        if found is None or found[0] in TERMINAL_STATUSES:
+            return 0
+        note = Event(
+            found[1] + 1, params["kind"], params["step"], None, params["data"], params["at_s"]
+        )
+        self._execute(conn, events_insert(params["run_id"], [note], None))
+        return self._execute(conn, ("wake_parent", params))
+
     def _refused(self, statement: Statement, exc: sqlite3.IntegrityError) -> DurablError:
         """What a constraint's refusal of ``statement`` means: a second side effect for one
         key is told by which statement failed and how, never by the error's words."""
         name, params = statement
+        if name == "insert_run" and duplicate_key(exc):
+            return RunExistsError(path=self.path, run_id=params["run_id"])
         if name == "insert_side_effect" and duplicate_key(exc):
             key, run_id, step = params["idempotency_key"], params["run_id"], params["step"]
             return SideEffectExistsError(path=self.path, key=key, run_id=run_id, step=step)
@@ -551,7 +584,7 @@ def check_signal_target(path: str, run_id: str, found: Any) -> None:
     if found is None:
         raise RunNotFoundError(run_id=run_id, path=path)
     status = found[0]
-    if status in ("COMPLETED", "FAILED", "CANCELLED"):
+    if status in TERMINAL_STATUSES:
         raise RunEndedError(run_id=run_id, status=status)
 
 

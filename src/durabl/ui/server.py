@@ -44,7 +44,7 @@ MAX_EVENTS = 5000
 """Events per answer: a page catching up on a long run asks again from the last seq it got."""
 STATUSES = (
     events.RUNNING, events.SLEEPING, events.WAITING, events.HELD, events.COMPLETED,
-    events.FAILED, events.DEAD_LETTERED, events.CANCELLED,
+    events.FAILED, events.DEAD_LETTERED, events.CANCELLED, events.CONTINUED,
 )  # fmt: skip
 _RUN_PATH = re.compile(r"^/api/runs/([^/]+)$")
 

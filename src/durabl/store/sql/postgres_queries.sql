@@ -233,3 +233,22 @@ WHERE run_id = %(run_id)s AND EXISTS (
 -- name: list_signals
 SELECT id, name, payload, sent_s, delivered_step FROM durabl.signals
 WHERE run_id = %(run_id)s ORDER BY id;
+
+-- name: parent_end
+-- Where a parent's log ends, read inside the commit that ends its child (the parent's row
+-- locked, so that no other child's end takes the same seq).
+SELECT status, COALESCE((SELECT max(seq) FROM durabl.events WHERE run_id = %(run_id)s), watermark)
+FROM durabl.runs WHERE run_id = %(run_id)s FOR UPDATE;
+
+-- name: wake_parent
+UPDATE durabl.runs SET wake_at_s = %(at_s)s, updated_s = %(at_s)s
+WHERE run_id = %(run_id)s AND status IN ('WAITING', 'RUNNING');
+
+-- name: carry_signals
+INSERT INTO durabl.signals (run_id, id, name, payload, sent_s, delivered_step)
+SELECT %(to_run)s, ROW_NUMBER() OVER (ORDER BY id), name, payload, sent_s, NULL
+FROM durabl.signals WHERE run_id = %(run_id)s AND delivered_step IS NULL;
+
+-- name: close_signals
+UPDATE durabl.signals SET delivered_step = %(step)s
+WHERE run_id = %(run_id)s AND delivered_step IS NULL;

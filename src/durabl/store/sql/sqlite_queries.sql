@@ -194,3 +194,25 @@ WHERE run_id = :run_id AND EXISTS (
 
 -- name: list_signals
 SELECT id, name, payload, sent_s, delivered_step FROM signals WHERE run_id = :run_id ORDER BY id;
+
+-- name: parent_end
+-- Where a parent's log ends, read inside the commit that ends its child, so that the child's
+-- outcome goes in at the parent's next seq.
+SELECT status, COALESCE((SELECT MAX(seq) FROM events WHERE run_id = :run_id), watermark)
+FROM runs WHERE run_id = :run_id;
+
+-- name: wake_parent
+-- A parent waiting on a child is due once the child's outcome is in its log. One being driven
+-- now is left RUNNING, and due: if the process driving it dies, the next to look drives it on.
+UPDATE runs SET wake_at_s = :at_s, updated_s = :at_s
+WHERE run_id = :run_id AND status IN ('WAITING', 'RUNNING');
+
+-- name: carry_signals
+-- The signals no wait of a run took, handed to the run it continued as (created in the same
+-- commit), in the order sent; then marked delivered where they were, by the continuing step.
+INSERT INTO signals (run_id, id, name, payload, sent_s, delivered_step)
+SELECT :to_run, ROW_NUMBER() OVER (ORDER BY id), name, payload, sent_s, NULL
+FROM signals WHERE run_id = :run_id AND delivered_step IS NULL;
+
+-- name: close_signals
+UPDATE signals SET delivered_step = :step WHERE run_id = :run_id AND delivered_step IS NULL;

@@ -221,6 +221,7 @@ function fold(v, e) {
     case "RUN_COMPLETED":
     case "RUN_FAILED":
     case "RUN_CANCELLED":
+    case "RUN_CONTINUED":
       v.terminal = e.kind;
       break;
     default:
