@@ -32,7 +32,18 @@ _STEP_ENDS = frozenset(
 )
 """The events that end a step (each position's last): what a fork's copy counts."""
 
-_KINDS = {'["model"': "model", '["tool",': "tool", '["sleep"': "sleep", '["signal': "signal"}
+_KINDS = {
+    '["model"': "model",
+    '["tool",': "tool",
+    '["sleep"': "sleep",
+    '["signal': "signal",
+    '["parall': "parallel",
+    '["child"': "child",
+    '["contin': "continue",
+}
+_WAITING = ("sleep", "signal", "parallel", "child")
+"""Step kinds whose time is spent waiting (for a timer, an answer, branches, a child run), not
+working: their own time is not counted as work (a Parallel's branches count theirs)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -138,7 +149,7 @@ class MetricsFold:
             step = self.open[e.step]
             if step.attempting:
                 self._restarted(step)
-            if step.kind not in ("sleep", "signal"):  # their time is waiting, not working
+            if step.kind not in _WAITING:
                 step.attempting, step.started_at_s = True, e.at_s
         elif kind == events.STEP_RETRY:
             m.retries += 1

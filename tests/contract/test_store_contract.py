@@ -44,13 +44,14 @@ from durabl.errors import (
     LeaseLost,
     LogGapError,
     RunEndedError,
+    RunExistsError,
     RunNotFoundError,
     SideEffectExistsError,
 )
 from durabl.events import Event
 from durabl.store import Commit, KeyClaim, RunRow, SideEffect, SQLiteStore, Store
 from durabl.store import postgres as pg
-from durabl.store.base import UNCHANGED, Lease, Signal
+from durabl.store.base import UNCHANGED, Lease, ParentNote, Signal
 from durabl.store.postgres import PostgresStore
 from durabl.store.sqlite import APPLICATION_ID, SCHEMA_VERSION, Q
 from durabl.store.sqlite_errors import storage_error
@@ -1183,6 +1184,103 @@ class TestStoreContract:
         assert store.pending_signal("run-1", "approve") == signal(1)
         store.commit(Commit("run-1", [event(2), event(3, events.STEP_COMPLETED)], deliver_signal=1))
         assert store.signals("run-1") == [signal(1, delivered_step=1)]
+
+    # -- commit: runs made by a commit, notes to a parent, signals carried ----------------
+
+    def test_a_commit_creates_a_run_with_its_own_events(self, store: Store) -> None:
+        new_run(store, "parent")
+        child = replace(run_row("parent-1"), lease=lease("me"))
+        first = run_started("parent-1")
+        store.commit(Commit("parent", [event(2)], new_run=(child, first)))
+        found = row_of(store, "parent-1")
+        assert found.lease is not None and found.lease.owner == "me" and found.lease_token == 1
+        assert store.load_log("parent-1") == [first]
+        assert [e.seq for e in store.load_log("parent")] == [1, 2]
+
+    def test_a_commit_whose_new_run_exists_is_refused_whole(self, store: Store) -> None:
+        new_run(store, "parent")
+        new_run(store, "taken")
+        before = state_of(store, "parent"), state_of(store, "taken")
+        with pytest.raises(RunExistsError, match="'taken'"):
+            store.commit(
+                Commit("parent", [event(2)], new_run=(run_row("taken"), run_started("taken")))
+            )
+        assert (state_of(store, "parent"), state_of(store, "taken")) == before
+
+    def test_a_parent_note_goes_at_the_end_of_the_parents_log_and_makes_it_due(
+        self, store: Store
+    ) -> None:
+        new_run(store, "parent", status=events.WAITING)
+        store.commit(Commit("parent", [event(2)], status=events.WAITING))
+        new_run(store, "child")
+        note = ParentNote(run_id="parent", step=1, kind=events.STEP_COMPLETED, data='"done"')
+        ending = event(2, events.RUN_COMPLETED, step=0)
+        store.commit(
+            Commit("child", [ending], status=events.COMPLETED, parent_note=note, at_s=T0_S + 9)
+        )
+        assert store.load_log("parent")[-1] == Event(
+            3, events.STEP_COMPLETED, 1, None, '"done"', T0_S + 9
+        )
+        assert row_of(store, "parent").wake_at_s == T0_S + 9
+        assert store.due_runs(T0_S + 9) == ["parent"]
+        assert row_of(store, "child").status == events.COMPLETED
+
+    def test_a_parent_note_to_an_ended_parent_writes_nothing_there(self, store: Store) -> None:
+        new_run(store, "parent")
+        store.commit(
+            Commit("parent", [event(2, events.RUN_CANCELLED, step=0)], status=events.CANCELLED)
+        )
+        new_run(store, "child")
+        before = state_of(store, "parent")
+        note = ParentNote(run_id="parent", step=1, kind=events.STEP_COMPLETED, data='"late"')
+        store.commit(
+            Commit(
+                "child",
+                [event(2, events.RUN_COMPLETED, step=0)],
+                status=events.COMPLETED,
+                parent_note=note,
+            )
+        )
+        assert state_of(store, "parent") == before
+        assert row_of(store, "child").status == events.COMPLETED
+
+    def test_a_held_parent_is_noted_but_not_made_due(self, store: Store) -> None:
+        new_run(store, "parent", status=events.HELD)
+        new_run(store, "child")
+        note = ParentNote(run_id="parent", step=1, kind=events.STEP_COMPLETED, data='"done"')
+        store.commit(Commit("child", [event(2, events.RUN_COMPLETED, step=0)], parent_note=note))
+        assert store.load_log("parent")[-1].data == '"done"'
+        assert row_of(store, "parent").wake_at_s is None
+
+    def test_undelivered_signals_are_carried_to_the_run_a_commit_creates(
+        self, store: Store
+    ) -> None:
+        new_run(store, "run-1")
+        send(store, "run-1", "approve", 1)
+        send(store, "run-1", "approve", 2)
+        send(store, "run-1", "approve", 3)
+        store.commit(Commit("run-1", [event(2), event(3, events.STEP_COMPLETED)], deliver_signal=1))
+        ending = [event(4, step=2), event(5, events.RUN_CONTINUED, step=2)]
+        store.commit(
+            Commit(
+                "run-1",
+                ending,
+                status=events.CONTINUED,
+                new_run=(run_row("run-2"), run_started("run-2")),
+                carry_signals="run-2",
+            )
+        )
+        assert store.signals("run-1") == [
+            signal(1, delivered_step=1),
+            signal(2, delivered_step=2),
+            signal(3, delivered_step=2),
+        ]
+        carried = store.signals("run-2")
+        assert [(s.id, s.payload_text, s.sent_s) for s in carried] == [
+            (1, signal(2).payload_text, signal(2).sent_s),
+            (2, signal(3).payload_text, signal(3).sent_s),
+        ]
+        assert store.pending_signal("run-2", "approve") == replace(carried[0])
 
     # -- lifetime --------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,7 @@ from durabl.replay import History
 from durabl.states import RunCheck
 from durabl.store import Store, open_store
 from durabl.store.base import RunRow
-from durabl.store.reads import require_run, waiting_for
+from durabl.store.reads import lineage, links, require_run, waiting_for
 from durabl.text import counted
 
 _STATUSES = (
@@ -187,18 +188,30 @@ def _status(row: RunRow, wait: dict[str, Any] | None) -> str:
     """The status, and for a waiting run what for and since when."""
     if wait is None:
         return row.status
+    return f"{row.status} for {_waited(wait)}"
+
+
+def _waited(wait: dict[str, Any]) -> str:
+    """What a run waits for (as ``waiting_for`` says) and since when: "'approve' since ...",
+    "child run R since ..."."""
+    since = f"since {when(wait['since_s'])}"
+    if "child" in wait:
+        return f"child run {wait['child']} {since}"
     until = "" if wait["timeout_at_s"] is None else f", times out {when(wait['timeout_at_s'])}"
-    return f"{row.status} for {wait['signal']!r} since {when(wait['since_s'])}{until}"
+    return f"{wait['signal']!r} {since}{until}"
 
 
 @dataclass(frozen=True)
 class _Loaded:
-    """A run's row, what is left of its log, and the history folded from both."""
+    """A run's row, what is left of its log, the history folded from both, what the run waits
+    for (if it is waiting) and the runs it is linked to (``reads.links``)."""
 
     row: RunRow
     log: list[events.Event]
     history: History
     watermark: int
+    waiting: dict[str, Any] | None
+    links: dict[str, Any]
 
     @property
     def folded_steps(self) -> int:
@@ -216,7 +229,27 @@ def _load(store: Store, run_id: str) -> _Loaded:
     row = require_run(store, run_id)
     watermark, snapshot, log = store.load_history(run_id)
     history = History.from_events(run_id, log, watermark=watermark, snapshot=snapshot)
-    return _Loaded(row, log, history, watermark)
+    found = lineage(store, run_id, (watermark, snapshot, log))
+    return _Loaded(row, log, history, watermark, waiting_for(store, row), links(store, row, found))
+
+
+def _about(run: _Loaded) -> list[str | Grid]:
+    """The lines that apply of what a run waits for and the runs it is linked to."""
+    parts: list[str | Grid] = []
+    if run.waiting is not None:
+        signal = "" if "child" in run.waiting else "signal "
+        parts.append(f"waiting for {signal}{_waited(run.waiting)}")
+    found = run.links
+    if found["parent"] is not None:
+        parts.append(f"parent: run {found['parent']['run_id']}, step {found['parent']['step']}")
+    if found["continued_from"] is not None:
+        parts.append(f"continued from: run {found['continued_from']['run_id']}")
+    if found["continued_as"] is not None:
+        parts.append(f"continued as: run {found['continued_as']['run_id']}")
+    for child in found["children"]:
+        status = child["status"] or "not in this database"
+        parts.append(f"child run {child['run_id']} (step {child['step']}): {status}")
+    return parts
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -234,6 +267,8 @@ def _timeline(args: argparse.Namespace, run: _Loaded) -> None:
     payload = {
         "run_id": run.row.run_id,
         "status": run.row.status,
+        "waiting_for": run.waiting,
+        "links": run.links,
         "watermark": run.watermark,
         "snapshot_steps": run.folded_steps,
         "events": [
@@ -248,6 +283,7 @@ def _timeline(args: argparse.Namespace, run: _Loaded) -> None:
     parts: list[str | Grid] = [headline(run.row)]
     if run.row.error:
         parts.append(f"error: {run.row.error}")
+    parts.extend(_about(run))
     if run.watermark:
         parts.append(run.compacted)
     parts.append(Grid(["SEQ", "TIME (UTC)", "KIND", "STEP", "DATA"], table))
@@ -278,6 +314,7 @@ def _trace(args: argparse.Namespace, run: _Loaded) -> None:
     boundary = history.last_resume_seq
     copied = _copied_until(run)
     resumed_at = [seq for seq in history.resumed_at if seq > copied]  # the fork's own
+    branches = _branches(history)
     steps: list[dict[str, Any]] = []
     for position in sorted(history.steps):
         rec = history.steps[position]
@@ -304,6 +341,7 @@ def _trace(args: argparse.Namespace, run: _Loaded) -> None:
                 "description": about,
                 "how": how,
                 "process": process,
+                "branch_of": branches.get(position),
             }
         )
     payload = {
@@ -313,10 +351,12 @@ def _trace(args: argparse.Namespace, run: _Loaded) -> None:
         "last_resumed_seq": boundary or None,
         "boundaries": resumed_at,
         "watermark": run.watermark,
+        "waiting_for": run.waiting,
+        "links": run.links,
         "steps": steps,
     }
     table = [
-        [str(s["position"]), str(s["how"]), str(s["process"] or "-"), short(s["description"])]
+        [str(s["position"]), str(s["how"]), str(s["process"] or "-"), _step_cell(s)]
         for s in steps
     ]
     head = headline(run.row) + "; "
@@ -332,9 +372,39 @@ def _trace(args: argparse.Namespace, run: _Loaded) -> None:
     if copied:
         forked = json.loads(run.log[0].data or "{}")["forked_from"]
         parts.append(f"forked from run {forked['run_id']} at seq {copied}: steps up to it copied")
+    parts.extend(_about(run))
     if run.watermark:
         parts.append(run.compacted)
     emit(args, payload, *parts, Grid(["STEP", "HOW", "PROCESS", "DESCRIPTION"], table))
+
+
+_FOLDED_PARALLEL = re.compile(r"Parallel\((\d+) steps?: ")
+
+
+def _branches(history: History) -> dict[int, dict[str, int]]:
+    """Each Parallel branch's position -> the Parallel's position (``step``), the branch's
+    number in it from 1 (``branch``) and how many it has (``of``). A Parallel at P has its N
+    branches at P+1..P+N; a compacted one is known by its description, which counts them."""
+    found: dict[int, dict[str, int]] = {}
+    for position, rec in history.steps.items():
+        if rec.canonical is not None and rec.canonical.startswith('["parallel"'):
+            count = len(json.loads(rec.canonical)[1])
+        elif rec.canonical is None and (folded := _FOLDED_PARALLEL.match(rec.description or "")):
+            count = int(folded.group(1))
+        else:
+            continue
+        for index in range(count):
+            found[position + 1 + index] = {"step": position, "branch": index + 1, "of": count}
+    return found
+
+
+def _step_cell(step: dict[str, Any]) -> str:
+    """A step's description in the trace; a Parallel's branch indented under it and marked."""
+    branch = step["branch_of"]
+    if branch is None:
+        return short(step["description"])
+    mark = f"branch {branch['branch']} of {branch['of']} (step {branch['step']}): "
+    return "  " + short(mark + step["description"])
 
 
 def _replay(args: argparse.Namespace) -> int:

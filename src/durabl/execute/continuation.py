@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from durabl import codec, crashpoints, events
+from durabl.errors import BadStepError
 from durabl.execute.base import StepCall
-from durabl.flow import Park
+from durabl.flow import Hold, Park
 from durabl.journal import Journal
 from durabl.steps import ContinueAsNew
 
@@ -24,7 +25,11 @@ def execute(call: StepCall) -> Any:
     children = call.services.children
     assert children is not None, "a runtime's executors always have its engine's children"
     history = journal.history
-    row, first = children.next_run(history, step.input_text)
+    try:
+        row, first = children.next_run(history, step.input_text)
+    except TypeError as exc:  # the workflow's parameters cannot take the input
+        problem = f"ContinueAsNew input does not fit: {exc}"
+        raise Hold(BadStepError(problem).where(call.run_id, call.position)) from None
     link = codec.encode({"run_id": row.run_id})
     crashpoints.reach(crashpoints.BEFORE_STEP_STARTED)
     journal.append(

@@ -115,8 +115,8 @@ class Commit:
     exists already refuses the whole commit with ``RunExistsError``."""
     carry_signals: str | None = None
     """A run (created by this commit) that takes over this run's signals no wait has taken:
-    each is copied to it, in the order sent, and marked delivered here, at the step of the
-    commit's last event."""
+    each is copied to it, in the order sent, and marked delivered here, at the step the
+    commit's events are for."""
     parent_note: ParentNote | None = None
     """An event to append, in the same transaction, to the end of another run's log (its seq
     is that log's next; the event carries no fence: the parent waits on this child and writes

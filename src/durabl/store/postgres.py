@@ -541,7 +541,7 @@ class PostgresStore:
             if commit.new_run is not None:
                 self._insert_new_run(conn, *commit.new_run)
             if commit.carry_signals is not None:
-                step = commit.events[-1].step if commit.events else 0
+                step = max((e.step for e in commit.events), default=0)
                 carrying = {"run_id": run_id, "to_run": commit.carry_signals, "step": step}
                 conn.execute(PQ["carry_signals"], carrying)
                 conn.execute(PQ["close_signals"], carrying)

@@ -248,7 +248,7 @@ class SQLiteStore:
             statements.append(("insert_run", parameters_of(row, **lease, lease_token=token or 0)))
             statements.append(events_insert(row.run_id, [first], token))
         if commit.carry_signals is not None:
-            step = commit.events[-1].step if commit.events else 0
+            step = max((e.step for e in commit.events), default=0)
             carrying = {"run_id": run_id, "to_run": commit.carry_signals, "step": step}
             statements.append(("carry_signals", carrying))
             statements.append(("close_signals", carrying))
