@@ -7,6 +7,8 @@ import uuid as _uuid
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from durabl.errors import BadStepError
+
 
 def _entropy() -> float:
     """A float in [0, 1) from the OS's randomness, with 53 random bits: what
@@ -79,9 +81,9 @@ class Context:
         change may still be resumed; ``durabl check`` lists them.
         """
         if not isinstance(patch_id, str) or not patch_id:
-            raise TypeError(
+            raise BadStepError(
                 f"ctx.patched takes a non-empty string id, got {type(patch_id).__name__} "
-                f"{patch_id!r} (run {self.run_id})"
+                f"{patch_id!r}"
             )
         return self._source.patched(patch_id)
 

@@ -257,6 +257,12 @@ class Runtime:
         """The run's state as recorded (no workflow code runs)."""
         return self._engine.state(run_id)
 
+    def current(self, run_id: str) -> str:
+        """The id of the run a chain of ``ContinueAsNew`` started at (or passing through)
+        ``run_id`` has got to: ``run_id`` itself unless it continued. ``RunNotFoundError`` for
+        an unknown run."""
+        return self._engine.latest(run_id)
+
     def result(self, run_id: str) -> Any:
         """The run's result; raises if the run failed, was cancelled or has not finished."""
         row = self._engine.row(run_id)

@@ -22,6 +22,17 @@ files in ``--dir``) in the state it claims.
   fork's with the new prompt and its own key), the fork's log starts with a RUN_STARTED naming
   the run and seq it came from and holds the original's events up to it, nothing is written to
   the original after the fork, and a fork inside a step is refused with exit 2 and no run made.
+- ``parallel.py``: SIGKILLed with some of a Parallel's fetches recorded, the run is resumed by
+  ``resume_all`` in a fresh process; each fetch recorded before the kill is never made again,
+  each other is made once by the fresh process, no more than ``max_concurrency`` are out at
+  once, and the pages, which arrived out of order, come back and are summarised in the order
+  given.
+- ``subagents.py``: SIGKILLed while its second child run searches, the lead is resumed by
+  ``resume_all``; there is one child run per ChildRun, each naming the lead and its step, each
+  child files its note once, and the lead's log and result hold each child's result.
+- ``chat_session.py``: six messages make a chain of six runs, CONTINUED to COMPLETED, none of
+  more than a dozen events; the messages sent before their turn are handed from run to run,
+  each is taken by one wait, in the order sent, and answered once.
 
 The examples check themselves too; these tests check the files and the database independently
 of the examples' own verdicts.
@@ -29,6 +40,7 @@ of the examples' own verdicts.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -361,3 +373,217 @@ def test_fork_reruns_after_the_search_with_the_new_prompt(tmp_path: Path) -> Non
     assert [line["pid"] for line in searches] == [v1_pid]
     assert [line["pid"] for line in model_calls] == [v1_pid, v2_pid]
     assert [line["pid"] for line in outbox] == [v1_pid, v2_pid]
+
+
+def test_parallel_fetches_again_only_what_the_kill_lost(tmp_path: Path) -> None:
+    out = run_example("parallel.py", tmp_path)
+    killed = re.search(r"killed the agent \(pid (\d+)\) with SIGKILL; the run is left RUNNING", out)
+    assert killed is not None
+    assert "resumed otters-and-kelp: COMPLETED" in out
+
+    # The database, read with sqlite3 alone.
+    with closing(sqlite3.connect(tmp_path / "sources.db")) as conn:
+        status, result = conn.execute(
+            "SELECT status, result FROM runs WHERE run_id = 'otters-and-kelp'"
+        ).fetchone()
+        log = conn.execute(
+            "SELECT seq, kind, step, data FROM events WHERE run_id = 'otters-and-kelp' ORDER BY seq"
+        ).fetchall()
+        keys = sorted(k for (k,) in conn.execute("SELECT idempotency_key FROM side_effects"))
+    assert status == "COMPLETED"
+    started = json.loads(log[0][3])
+    urls = started["input"]["urls"]
+    resumed_at, resumed = next((q, json.loads(d)) for q, k, _s, d in log if k == "RUN_RESUMED")
+    killed_pid, fresh_pid = started["pid"], resumed["pid"]
+    assert killed_pid == int(killed.group(1)) != fresh_pid
+    parallel = next(json.loads(d) for _q, k, s, d in log if k == "STEP_STARTED" and s == 1)
+    assert parallel[0] == "parallel"
+    assert [branch[2]["url"] for branch in parallel[1]] == urls
+    branch_of = {2 + index: url for index, url in enumerate(urls)}  # after the Parallel's own
+    ends = [(q, s, d) for q, k, s, d in log if k == "STEP_COMPLETED"]
+    assert Counter(s for _q, s, _d in ends) == dict.fromkeys([1, *branch_of, 2 + len(urls)], 1)
+    ended_at = {branch_of[s]: q for q, s, _d in ends if s in branch_of}
+    before = {url for url, seq in ended_at.items() if seq < resumed_at}
+    assert 0 < len(before) < len(urls)
+
+    fetches = jsonl(tmp_path / "fetches.jsonl")
+    calls = {url: [f["pid"] for f in fetches if f["url"] == url] for url in urls}
+    for url in urls:
+        if url in before:  # recorded before the kill: never fetched again
+            assert calls[url] == [killed_pid]
+        else:  # lost with the killed process, or not begun: fetched once by the fresh one
+            assert calls[url].count(fresh_pid) == 1
+            assert calls[url].count(killed_pid) <= 1
+    position = {url: step for step, url in branch_of.items()}
+    assert all(f["key"] == f"durabl:otters-and-kelp:{position[f['url']]}" for f in fetches)
+    assert keys == sorted(f"durabl:otters-and-kelp:{step}" for step in branch_of)
+    assert max(f["inside"] for f in fetches) <= 3  # max_concurrency
+
+    # Out of order in, in order out.
+    assert sorted(urls, key=ended_at.__getitem__) != urls
+    parallel_result = next(json.loads(d) for _q, s, d in ends if s == 1)
+    assert [page["url"] for page in parallel_result] == urls
+    assert json.loads(result)["sources"] == urls
+    model_calls = jsonl(tmp_path / "model_calls.jsonl")
+    assert [(m["pid"], [url for url, _title in m["prompt"]["pages"]]) for m in model_calls] == [
+        (fresh_pid, urls)
+    ]
+
+
+def test_subagents_make_one_child_per_step_and_each_effect_once(tmp_path: Path) -> None:
+    out = run_example("subagents.py", tmp_path)
+    killed = re.search(
+        r"killed the lead's process \(pid (\d+)\) with SIGKILL in the search for 'sea urchins'",
+        out,
+    )
+    assert killed is not None
+    assert re.search(r"kelp-brief-2\s+research_topic\s+RUNNING", out)  # `durabl runs`, killed
+    assert not re.search(r"kelp-brief-3\s+research_topic", out.split("[3]")[0])  # not yet made
+
+    lead = "kelp-brief"
+    children = [f"{lead}-1", f"{lead}-2", f"{lead}-3"]
+    # The database, read with sqlite3 alone.
+    with closing(sqlite3.connect(tmp_path / "brief.db")) as conn:
+        runs = dict(conn.execute("SELECT run_id, status FROM runs").fetchall())
+        results = {r: json.loads(t) for r, t in conn.execute("SELECT run_id, result FROM runs")}
+        logs = {
+            run: conn.execute(
+                "SELECT seq, kind, step, data FROM events WHERE run_id = ? ORDER BY seq", (run,)
+            ).fetchall()
+            for run in runs
+        }
+    assert runs == dict.fromkeys([lead, *children], "COMPLETED")  # no second child, no other
+
+    lead_log = logs[lead]
+    delegated = [
+        (step, json.loads(data))
+        for _q, kind, step, data in lead_log
+        if kind == "STEP_STARTED" and data.startswith('["child"')
+    ]
+    assert [step for step, _canonical in delegated] == [1, 2, 3]
+    for (step, canonical), child in zip(delegated, children, strict=True):
+        kind, first_step, data = logs[child][0][1], logs[child][0][2], json.loads(logs[child][0][3])
+        assert (kind, first_step) == ("RUN_STARTED", 0)
+        assert data["parent"] == {"run_id": lead, "step": step}
+        assert (data["workflow"], data["input"]) == (canonical[1], canonical[2])
+        # the child's end, written into the lead's log as its step's result
+        ends = [json.loads(d) for _q, k, s, d in lead_log if k == "STEP_COMPLETED" and s == step]
+        assert ends == [results[child]]
+    assert "parent" not in json.loads(lead_log[0][3])
+
+    def pids(run: str) -> list[int]:
+        boundaries = ("RUN_STARTED", "RUN_RESUMED")
+        return [json.loads(d)["pid"] for _q, k, _s, d in logs[run] if k in boundaries]
+
+    killed_pid = int(killed.group(1))
+    fresh_pid = pids(lead)[-1]
+    assert pids(lead) == [killed_pid, fresh_pid]
+    assert [pids(child) for child in children] == [
+        [killed_pid],
+        [killed_pid, fresh_pid],
+        [fresh_pid],
+    ]
+
+    notes = jsonl(tmp_path / "notes.jsonl")
+    assert [(n["key"], n["pid"]) for n in notes] == [
+        (f"durabl:{children[0]}:3", killed_pid),
+        (f"durabl:{children[1]}:3", fresh_pid),
+        (f"durabl:{children[2]}:3", fresh_pid),
+    ]
+    assert [n["text"] for n in notes] == [results[child]["note"] for child in children]
+    searches = jsonl(tmp_path / "searches.jsonl")
+    assert [(s["topic"], s["pid"]) for s in searches] == [
+        ("sea otters", killed_pid),
+        ("sea urchins", killed_pid),  # killed inside it: IDEMPOTENT, so called again
+        ("sea urchins", fresh_pid),
+        ("kelp", fresh_pid),
+    ]
+
+    combined = results[lead]
+    assert combined["children"] == children
+    assert combined["notes"] == [results[child]["note"] for child in children]
+    assert all(results[child]["note"] in combined["brief"] for child in children)
+
+
+def test_chat_session_continues_as_new_and_answers_each_message_once(tmp_path: Path) -> None:
+    out = run_example("chat_session.py", tmp_path)
+    assert out.count("$ durabl signal chat-7 msg ") == 6
+    assert "the worker exited 0" in out
+
+    messages = [
+        "hi, where is my order 1042?",
+        "it is a blue kettle",
+        "can it come before friday?",
+        "to my office address, please",
+        "thanks, that is all",
+        "bye",
+    ]
+    early = 4  # typed before anything answered
+    # The database, read with sqlite3 alone.
+    with closing(sqlite3.connect(tmp_path / "chat.db")) as conn:
+        runs = {
+            run: (status, result, created)
+            for run, status, result, created in conn.execute(
+                "SELECT run_id, status, result, created_s FROM runs"
+            )
+        }
+        logs = {
+            run: conn.execute(
+                "SELECT seq, kind, step, data FROM events WHERE run_id = ? ORDER BY seq", (run,)
+            ).fetchall()
+            for run in runs
+        }
+        signals = {
+            run: conn.execute(
+                "SELECT id, payload, sent_s, delivered_step FROM signals WHERE run_id = ? "
+                "ORDER BY id",
+                (run,),
+            ).fetchall()
+            for run in runs
+        }
+
+    chain = ["chat-7"]
+    while runs[chain[-1]][0] == "CONTINUED":
+        chain.append(json.loads(runs[chain[-1]][1])["continued_as"])
+    assert sorted(chain) == sorted(runs)  # every run of the database is one turn of the chain
+    assert [runs[run][0] for run in chain] == ["CONTINUED"] * 5 + ["COMPLETED"]
+    for before, after in itertools.pairwise(chain):
+        _seq, kind, _step, data = logs[before][-1]
+        assert (kind, json.loads(data)) == ("RUN_CONTINUED", {"run_id": after})
+        assert json.loads(logs[after][0][3])["continued_from"] == before
+    assert json.loads(runs[chain[-1]][1]) == {"session": "chat-7", "turns": 6}
+
+    # Each run's log is one turn, of a dozen events at most, whatever the turn.
+    for turn, run in enumerate(chain, 1):
+        steps = [json.loads(d)[0] for _q, k, _s, d in logs[run] if k == "STEP_STARTED"]
+        assert steps == ["signal", "model", "tool"] + (["continue"] if turn < 6 else [])
+        assert len(logs[run]) <= 12
+        given = json.loads(logs[run][0][3])["input"]
+        assert given["turn"] == turn
+        assert given["recent"] == messages[max(0, turn - 3) : turn - 1]  # bounded: two at most
+
+    # Each message was taken once, by a turn's wait, in the order sent; the early ones were
+    # handed on from run to run, keeping when they were sent, and none is left pending.
+    waits = [
+        json.loads(d)
+        for run in chain
+        for _q, k, s, d in logs[run]
+        if k == "STEP_COMPLETED" and s == 1
+    ]
+    assert [w["payload"] for w in waits] == messages
+    sent_s = {json.loads(p): at for _id, p, at, _step in signals["chat-7"]}
+    assert [json.loads(p) for _id, p, _at, _step in signals["chat-7"]] == messages[:early]
+    assert [w["sent_s"] for w in waits[:early]] == [sent_s[m] for m in messages[:early]]
+    for turn in range(2, early + 1):  # sent before the run of this turn existed
+        assert waits[turn - 1]["sent_s"] < runs[chain[turn - 1]][2]
+    assert [len(signals[run]) for run in chain] == [4, 3, 2, 1, 1, 1]
+    taken = [json.loads(p) for run in chain for _i, p, _a, step in signals[run] if step == 1]
+    assert taken == messages
+    assert all(step is not None for run in chain for *_rest, step in signals[run])
+
+    replies = jsonl(tmp_path / "replies.jsonl")
+    assert [(r["turn"], r["message"]) for r in replies] == list(enumerate(messages, 1))
+    assert [r["key"] for r in replies] == [f"durabl:{run}:3" for run in chain]
+    assert len({r["pid"] for r in replies}) == 1  # the worker's
+    prompts = [m["prompt"] for m in jsonl(tmp_path / "model_calls.jsonl")]
+    assert [(p["turn"], p["message"]) for p in prompts] == list(enumerate(messages, 1))

@@ -1,4 +1,4 @@
-"""Parallel steps: ``results = yield Parallel([...])`` (SPEC §19), on both backends.
+"""Parallel steps: ``results = yield Parallel([...])`` (SPEC §18), on both backends.
 
 - The branches run at once, in a pool bounded per call (``max_concurrency``) and per runtime
   (``parallelism``); their results come back in the order given, whatever order they finished.

@@ -22,7 +22,7 @@ import upgrade_agents
 
 from durabl import Runtime, events
 from durabl.crashpoints import AFTER_STEP_COMMITTED, CrashAt, ProcessDeath
-from durabl.errors import NonDeterminismError
+from durabl.errors import BadStepError, NonDeterminismError
 from durabl.journal import Journal, NewEvent
 
 HOUR_S = 3600.0
@@ -127,14 +127,19 @@ def test_a_run_that_meets_the_change_for_the_first_time_takes_the_new_branch(
         assert prompts(rt, "mid") == ["summarise crabs in three bullets"]
 
 
-def test_a_patch_id_that_is_not_a_string_fails_the_run_naming_it(
+def test_a_patch_id_that_is_not_a_string_holds_the_run_naming_it_and_writes_nothing(
     tmp_path: Path, clock: Clock
 ) -> None:
     with runtime(tmp_path / "u.db", clock) as rt:
-        state = rt.run(upgrade_agents.bad_patch)
-    assert state.status == "FAILED"
-    assert "ctx.patched takes a non-empty string id, got int 5" in (state.error or "")
-    assert state.run_id in (state.error or "")
+        with pytest.raises(BadStepError) as raised:
+            rt.run(upgrade_agents.bad_patch, run_id="bad")
+        assert str(raised.value) == (
+            "run bad step 1: ctx.patched takes a non-empty string id, got int 5"
+        )
+        row = rt.store.get_run("bad")
+        assert row is not None and row.status == "HELD"
+        assert row.error == f"BadStepError: {raised.value}"
+        assert [e.kind for e in rt.store.load_log("bad")] == ["RUN_STARTED"]
 
 
 def test_check_lists_the_runs_a_deploy_would_hold_before_it_is_deployed(
