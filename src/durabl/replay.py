@@ -78,6 +78,8 @@ class History:
     resumed_at: list[int] = field(default_factory=list)
     parent: tuple[str, int] | None = None
     """A child run's parent and the parent's step that started it (from RUN_STARTED)."""
+    continued_from: str | None = None
+    """The run this one continues, for a run started by a ContinueAsNew (from RUN_STARTED)."""
     folded_metrics: dict[str, Any] | None = None  # what a snapshot kept for the metrics fold
 
     @classmethod
@@ -107,6 +109,7 @@ class History:
         history.resumed_at = data["resumed_at"]
         parent = data.get("parent")
         history.parent = None if parent is None else (parent[0], parent[1])
+        history.continued_from = data.get("continued_from")
         steps = history.steps
         for position, fp, first, done, attempts, retries, about, result, failure in data["steps"]:
             steps[position] = StepRecord(
@@ -134,7 +137,19 @@ class History:
         position = finished - keep_last
         if position <= 0:
             return 0, 0
-        return position, self.steps[position].done_seq
+        # A step may end after a later one began (a Parallel ends after its branches), so the
+        # prefix is cut where every event of the steps in it comes before every event of the
+        # steps after it.
+        later = [rec.first_seq for p, rec in self.steps.items() if p > position]
+        first_after = min(later, default=self.last_seq + 1)
+        ends: list[int] = []
+        for p in range(1, position + 1):
+            ends.append(max(self.steps[p].done_seq, ends[-1] if ends else 0))
+        for p in range(position, 0, -1):
+            if ends[p - 1] < first_after:
+                return p, ends[p - 1]
+            first_after = min(first_after, self.steps[p].first_seq)
+        return 0, 0
 
     def snapshot(self, position: int, seq: int, metrics: dict[str, Any]) -> str:
         """The text that stands in for the log up to ``seq`` (steps 1..``position``, all
@@ -164,6 +179,7 @@ class History:
                 "input": self.input_text,
                 "resumed_at": [s for s in self.resumed_at if s <= seq],
                 "parent": None if self.parent is None else list(self.parent),
+                "continued_from": self.continued_from,
                 "steps": steps,
                 "metrics": metrics,
             }
@@ -205,6 +221,7 @@ def _run_started(h: History, e: Event) -> None:
     parent = data.get("parent")
     if parent is not None:
         h.parent = (parent["run_id"], parent["step"])
+    h.continued_from = data.get("continued_from")
 
 
 def _run_resumed(h: History, e: Event) -> None:

@@ -26,7 +26,17 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
-from durabl import RetryPolicy, Runtime, ToolCall, WaitSignal, tool, workflow
+from durabl import (
+    ChildRun,
+    ContinueAsNew,
+    Parallel,
+    RetryPolicy,
+    Runtime,
+    ToolCall,
+    WaitSignal,
+    tool,
+    workflow,
+)
 
 AGENT = Path(__file__).with_name("sigkill_agent.py")
 RUN_ID = "courier-1"
@@ -335,3 +345,128 @@ def test_every_card_state_is_drawn(tmp_path: Path, browser_page) -> None:
         expect(page.locator("#runs tbody tr")).to_contain_text('WAITING for signal "approve" since')
     finally:
         dashboard.stop()
+
+
+def echo(x: Any) -> Any:
+    return x
+
+
+@workflow(name="ui.kid")
+def kid(ctx: Any, n: int) -> Any:
+    return (yield ToolCall("echo", {"x": n}))
+
+
+@workflow(name="ui.waiting_kid")
+def waiting_kid(ctx: Any) -> Any:
+    return (yield WaitSignal("go"))
+
+
+@workflow(name="ui.parent")
+def parent(ctx: Any) -> Any:
+    return [(yield ChildRun(kid, {"n": 1})), (yield ChildRun(waiting_kid))]
+
+
+@workflow(name="ui.looping")
+def looping(ctx: Any, turn: int) -> Any:
+    if turn < 1:
+        yield ContinueAsNew({"turn": turn + 1})
+    return (yield ToolCall("echo", {"x": turn}))
+
+
+@workflow(name="ui.fanning")
+def fanning(ctx: Any) -> Any:
+    return (yield Parallel([ToolCall("echo", {"x": "a"}), ToolCall("echo", {"x": "b"})]))
+
+
+def linked_runtime(db: Path) -> Runtime:
+    return Runtime(db, tools={"echo": tool(echo, mode="IDEMPOTENT")})
+
+
+def test_linked_runs_are_links_and_continued_runs_have_a_style(
+    tmp_path: Path, browser_page
+) -> None:
+    page, requests = browser_page
+    db = tmp_path / "links.db"
+    with linked_runtime(db) as rt:
+        assert rt.run(parent, run_id="parent").status == "WAITING"  # on its child parent-2
+        assert rt.run(looping, {"turn": 0}, run_id="loop").status == "COMPLETED"
+        loop = rt.store.get_run("loop")
+        assert loop is not None and loop.result_text is not None
+        after = json.loads(loop.result_text)["continued_as"]
+        assert rt.run(fanning, run_id="fan").status == "COMPLETED"
+    before = digest(db)
+    dashboard = Dashboard(db)
+    links, title = page.locator("#links li"), page.locator("#run-title")
+    try:
+        page.goto(f"{dashboard.url}#run=parent")
+        expect(links).to_have_text(
+            ["child run parent-1 (step 1): COMPLETED", "child run parent-2 (step 2): WAITING"],
+            timeout=WAIT_MS,
+        )
+        expect(page.locator("#run-status")).to_contain_text("WAITING for child run parent-2 since")
+        expect(page.locator("#step-2")).to_have_attribute("data-state", "waiting for its child run")
+        expect(page.locator("#step-2")).to_contain_text("child run parent-2: WAITING")
+
+        # the child's page, reached through its link, links back to its parent
+        page.locator("#links").get_by_role("link", name="parent-2", exact=True).click()
+        expect(title).to_have_text("Run parent-2")
+        expect(links).to_have_text(["parent run parent, step 2"])
+        expect(page.locator("#run-status")).to_contain_text('WAITING for signal "go" since')
+        page.locator("#links").get_by_role("link", name="parent", exact=True).click()
+        expect(title).to_have_text("Run parent")
+        # a child card links to its child too
+        page.locator("#step-1").get_by_role("link", name="parent-1", exact=True).click()
+        expect(title).to_have_text("Run parent-1")
+        expect(links).to_have_text(["parent run parent, step 1"])
+
+        # each end of a ContinueAsNew links to the other
+        page.goto(f"{dashboard.url}#run=loop")
+        expect(links).to_have_text([f"continued as run {after}"], timeout=WAIT_MS)
+        page.locator("#links").get_by_role("link", name=after).click()
+        expect(title).to_have_text(f"Run {after}")
+        expect(links).to_have_text(["continued from run loop"])
+        page.locator("#links").get_by_role("link", name="loop").click()
+        expect(title).to_have_text("Run loop")
+
+        # a Parallel's branches are drawn as its own, and a run with no links shows none
+        page.goto(f"{dashboard.url}#run=fan")
+        expect(page.locator("#step-3")).to_contain_text("3. branch 2 of 2 (step 1): tool echo")
+        assert page.locator("#steps .card.branch").count() == 2
+        assert "branch" not in (page.get_attribute("#step-1", "class") or "")
+        expect(page.locator("#links")).to_be_hidden()
+
+        # the run list: CONTINUED in a style of its own, and what the parent waits for
+        page.goto(dashboard.url)
+        continued = page.locator("#runs .status.st-continued")
+        expect(continued).to_have_text(["CONTINUED"], timeout=WAIT_MS)
+        style = "e => getComputedStyle(e).color + ' ' + getComputedStyle(e).fontStyle"
+        looks = {
+            status: page.locator(f"#runs .status.st-{status}").first.evaluate(style)
+            for status in ("continued", "completed", "waiting")
+        }
+        assert len(set(looks.values())) == 3, looks
+        expect(page.locator("#runs tbody tr", has_text="parent-2").first).to_be_visible()
+        row = page.locator("#runs tbody tr").filter(
+            has=page.get_by_role("link", name="parent", exact=True)
+        )
+        expect(row).to_contain_text("WAITING for child run parent-2 since")
+        assert digest(db) == before  # the server read all of that and wrote nothing
+
+        # the child answered while the page watches the parent: both ends are drawn anew
+        page.goto(f"{dashboard.url}#run=parent")
+        expect(links).to_have_count(2, timeout=WAIT_MS)
+        with linked_runtime(db) as rt:
+            rt.signal("parent-2", "go", "yes")
+            rt.tick()
+            rt.tick()
+            assert rt.state("parent").status == "COMPLETED"
+        expect(page.locator("#run-status")).to_contain_text("COMPLETED", timeout=WAIT_MS)
+        expect(links).to_have_text(
+            ["child run parent-1 (step 1): COMPLETED", "child run parent-2 (step 2): COMPLETED"]
+        )
+        # (its end came from the child, before the parent's next process took it over)
+        expect(page.locator("#step-2")).to_have_attribute("data-state", "done, from the log")
+        expect(page.locator("#step-2")).to_contain_text("child run parent-2: COMPLETED")
+    finally:
+        assert dashboard.stop() == 0
+    assert requests and all(url.startswith(dashboard.url) for url in requests), requests

@@ -334,3 +334,42 @@ def test_bad_step_error_is_raised_where_the_step_is_built() -> None:
         Parallel([ToolCall("t")], fail_fast="yes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="parallelism must be a whole number"):
         Runtime(":memory:", parallelism=0)
+
+
+def test_a_compacted_parallel_replays_the_same_and_folds_whole(db: str) -> None:
+    tools = Tools()
+    with runtime(db, tools) as rt:
+        state = rt.run(research, {"names": ["a", "b", "c"], "delays": [0.05, 0.0, 0.02]})
+        report = rt.compact(state.run_id, reclaim=False)
+        assert report.errors == {}
+        [folded] = report.runs
+        # Everything up to the model call's end folds: the Parallel ends after its branches.
+        assert folded.steps_folded == 5
+    with Runtime(db) as bare:  # no tools and no model: everything is served from the snapshot
+        assert bare.replay(state.run_id).result == state.result
+        assert bare.resume(state.run_id).status == events.COMPLETED
+    assert sorted(tools.calls) == ["a", "b", "c"]
+
+
+def test_compaction_cuts_a_prefix_before_a_parallel_that_is_not_finished(db: str) -> None:
+    tools = Tools()
+    tools.failing = {"b": 1}
+    clock = Clock()
+    retry = RetryPolicy(max_attempts=2, base_delay=30.0)
+    with Runtime(db, llm=summarise, tools=tools.registry(), clock=clock, retry=retry) as rt:
+
+        @workflow(name="par_then_more")
+        def then_more(ctx: Any) -> Any:
+            first = yield ToolCall("fetch", {"name": "first"})
+            pages = yield Parallel([ToolCall("fetch", {"name": n}) for n in "ab"])
+            return [first, *pages]
+
+        state = rt.run(then_more, run_id="half")
+        assert state.status == events.SLEEPING  # b backs off; a is recorded
+        report = rt.compact("half", reclaim=False)
+        [folded] = report.runs
+        assert folded.steps_folded == 1  # the first call only: the Parallel is still open
+        clock.now_s = T0_S + 30.0
+        [woken] = rt.tick()
+        assert woken.result == ["page first", "page a", "page b"]
+    assert tools.calls == ["first", "a", "b", "b"]

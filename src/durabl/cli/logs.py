@@ -70,9 +70,11 @@ def add_show(commands: Commands) -> None:
         "show",
         _show,
         help="a run's event log as a timeline",
-        description="Print a run's event log as a readable timeline (read-only). With --trace, "
-        "one line per step saying whether the last process replayed it from the log or "
-        "executed it.",
+        description="Print a run's event log as a readable timeline (read-only). Above it, "
+        "when they apply: what the run waits for, its parent run, the child runs it started "
+        "with their statuses, and the runs it continued from and as. With --trace, one line "
+        "per step saying whether the last process replayed it from the log or executed it; a "
+        "Parallel's branches are indented under it.",
         run=REQUIRED,
         read_only=True,
     )
@@ -356,8 +358,7 @@ def _trace(args: argparse.Namespace, run: _Loaded) -> None:
         "steps": steps,
     }
     table = [
-        [str(s["position"]), str(s["how"]), str(s["process"] or "-"), _step_cell(s)]
-        for s in steps
+        [str(s["position"]), str(s["how"]), str(s["process"] or "-"), _step_cell(s)] for s in steps
     ]
     head = headline(run.row) + "; "
     if resumed_at:

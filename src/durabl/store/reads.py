@@ -85,10 +85,13 @@ class Lineage:
             self.continued_from = data.get("continued_from")
             forked = data.get("forked_from")
             self.copied_until = int(forked["seq"]) if isinstance(forked, dict) else 0
-        elif event.kind == events.STEP_STARTED and (event.data or "").startswith(_CHILD):
-            if event.seq > self.copied_until:
-                _, _workflow, _input, explicit = codec.decode(event.data or "[]")
-                self.children[event.step] = child_run_id(self.run_id, event.step, explicit)
+        elif (
+            event.kind == events.STEP_STARTED
+            and (event.data or "").startswith(_CHILD)
+            and event.seq > self.copied_until
+        ):
+            _, _workflow, _input, explicit = codec.decode(event.data or "[]")
+            self.children[event.step] = child_run_id(self.run_id, event.step, explicit)
         self.seq = max(self.seq, event.seq)
 
     def copy(self) -> Lineage:
@@ -114,6 +117,7 @@ def _from_snapshot(store: Store, found: Lineage, data: dict[str, Any]) -> None:
     parent = data.get("parent")
     if parent is not None:
         found.parent = (parent[0], parent[1])
+    found.continued_from = found.continued_from or data.get("continued_from")
     for position, _fp, _first, _done, _attempts, _retries, about, *_ in data["steps"]:
         if isinstance(about, str) and about.startswith("ChildRun("):
             candidate = child_run_id(found.run_id, position, None)
@@ -122,6 +126,8 @@ def _from_snapshot(store: Store, found: Lineage, data: dict[str, Any]) -> None:
 
 
 def _parent_of(store: Store, run_id: str) -> tuple[str, int] | None:
+    """The parent and step a run names (in its snapshot or its RUN_STARTED); None for a run
+    that names none, or is not in the database."""
     if store.get_run(run_id) is None:
         return None
     _, snapshot, log = store.load_history(run_id)

@@ -42,9 +42,9 @@ class Lineages:
         with every event up to the newest folded in."""
         with self._lock:
             known = self._runs.get(row.run_id)
-            known = None if known is None else known.copy()
+            known = None if known is None or known.seq < row.watermark else known.copy()
         fresh: list[Event] = []
-        if known is not None and known.seq >= row.watermark:
+        if known is not None:
             start = min(after_seq, known.seq)
             log = store.load_log(row.run_id, after_seq=start)
             if log and log[0].seq != start + 1:
@@ -54,7 +54,7 @@ class Lineages:
                     if event.seq > known.seq:
                         known.fold(event)
                 fresh = [e for e in log if e.seq > after_seq]
-        if known is None or known.seq < row.watermark:
+        if known is None:
             history = store.load_history(row.run_id)
             known = lineage(store, row.run_id, history)
             fresh = [e for e in history[2] if e.seq > after_seq]

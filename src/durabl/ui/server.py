@@ -3,7 +3,10 @@
 The server answers three kinds of request: the page itself (three static files shipped in the
 package, no external asset), the run list (``/api/runs``, paged), and one run's events after a
 seq (``/api/runs/<id>?after=N``). The page folds the events it receives into step cards itself,
-so a poll costs one indexed read of the new events, however long the run's log is.
+so a poll costs one indexed read of the new events, however long the run's log is. A run's
+answer also names the runs it is linked to (parent, children, continued from and as), from a
+lineage the server keeps per run and folds the new events into (``lineages``), and one read of
+each linked run's status.
 
 The database is opened read-only (``mode=ro``, ``query_only``): nothing is migrated or written.
 SQLite may still create empty ``-wal``/``-shm`` companion files beside a WAL database it reads,
@@ -31,7 +34,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from durabl import events, leases
 from durabl.errors import DurablError
 from durabl.store import Store, is_postgres_url, open_store
-from durabl.store.reads import waiting_for
+from durabl.store.reads import links, waiting_for
+from durabl.ui.lineages import Lineages
 
 STATIC = {
     "/": ("index.html", "text/html; charset=utf-8"),
@@ -42,6 +46,8 @@ PAGE_SIZE = 25
 MAX_PAGE = 200
 MAX_EVENTS = 5000
 """Events per answer: a page catching up on a long run asks again from the last seq it got."""
+MAX_CHILDREN = 100
+"""Child runs listed per answer, each with its status (one read each); the count says the rest."""
 STATUSES = (
     events.RUNNING, events.SLEEPING, events.WAITING, events.HELD, events.COMPLETED,
     events.FAILED, events.DEAD_LETTERED, events.CANCELLED, events.CONTINUED,
@@ -71,6 +77,7 @@ class Reader:
         self._lock = threading.Lock()
         self._store: Store | None = None
         self._identity: tuple[int, int] | None = None
+        self.lineages = Lineages()
 
     def open(self) -> Store:
         """The store of the file now at the path. A user error (not a durabl database, a newer
@@ -110,6 +117,7 @@ class Reader:
             finally:
                 self._store = None
                 self._identity = None
+                self.lineages.clear()
 
 
 def _int(query: dict[str, list[str]], name: str, default: int, low: int, high: int) -> int:
@@ -179,9 +187,14 @@ def run_events(
         row = store.get_run(run_id)
         if row is None:
             raise NotFound(f"no run {run_id!r} in {reader.path}")
-        log = store.load_log(run_id, after_seq=max(after, row.watermark))[:MAX_EVENTS]
+        log, found = reader.lineages.read(store, row, max(after, row.watermark))
+        log = log[:MAX_EVENTS]
         return {
-            "run": {**_run_json(row, now_s), "waiting_for": waiting_for(store, row)},
+            "run": {
+                **_run_json(row, now_s),
+                "waiting_for": waiting_for(store, row),
+                "links": links(store, row, found, most_children=MAX_CHILDREN),
+            },
             "compacted": row.watermark if after < row.watermark else 0,
             "events": [
                 {

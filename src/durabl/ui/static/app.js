@@ -16,6 +16,7 @@ function fresh(runId) {
     runId, lastSeq: 0, process: 0, live: false, row: null, compacted: 0, terminal: null,
     cards: new Map(), nodes: new Map(), boundaries: 0, timers: new Map(),
     retries: 0, reexecuted: 0, tokens: 0, dirty: new Set(), redrawAll: true,
+    branches: new Map(), children: new Map(),
   };
 }
 
@@ -77,10 +78,11 @@ function drawList(page) {
   for (const run of page.runs) {
     const tr = document.createElement("tr");
     tr.setAttribute("aria-selected", String(run.run_id === list.selected));
-    const link = document.createElement("a");
-    link.href = `#run=${encodeURIComponent(run.run_id)}`;
-    link.textContent = run.run_id;
-    const cells = [link, statusOf(run), run.workflow, String(run.steps), age(run.updated_s)];
+    const link = runLink(run.run_id);
+    const status = document.createElement("span");
+    status.className = `status ${statusClass(run.status)}`;
+    status.textContent = statusOf(run);
+    const cells = [link, status, run.workflow, String(run.steps), age(run.updated_s)];
     for (const cell of cells) {
       const td = document.createElement(cell === link ? "th" : "td");
       if (cell === link) td.scope = "row";
@@ -100,6 +102,18 @@ function drawList(page) {
   $("newer").disabled = list.offset === 0;
 }
 
+function runLink(runId) {
+  const a = document.createElement("a");
+  a.href = `#run=${encodeURIComponent(runId)}`;
+  a.textContent = runId;
+  return a;
+}
+
+// Each status has its own look in the list: "st-continued" for CONTINUED, and so on.
+function statusClass(status) {
+  return `st-${String(status).toLowerCase().replace(/_/g, "-")}`;
+}
+
 // -- one run: folding its events --------------------------------------------------------------
 
 function describe(kind, data) {
@@ -109,6 +123,9 @@ function describe(kind, data) {
   if (what === "tool") return `tool ${rest[0]}(${short(rest[1])})`;
   if (what === "sleep") return `sleep ${rest[0]} s`;
   if (what === "signal") return `wait for signal "${rest[0]}"${rest[1] == null ? "" : `, up to ${rest[1]} s`}`;
+  if (what === "child") return `child run of ${rest[0]}(${short(rest[1])})`;
+  if (what === "continue") return `continue as a new run(${short(rest[0])})`;
+  if (what === "parallel") return `parallel: ${rest[0].length} steps at once`;
   return `${what} ${short(rest)}`;
 }
 
@@ -116,6 +133,7 @@ function describe(kind, data) {
 function statusOf(run) {
   const w = run.waiting_for;
   if (!w) return run.status;
+  if (w.child != null) return `${run.status} for child run ${w.child} since ${clock(w.since_s)}`;
   const until = w.timeout_at_s == null ? "" : `, times out ${clock(w.timeout_at_s)}`;
   return `${run.status} for signal "${w.signal}" since ${clock(w.since_s)}${until}`;
 }
@@ -167,6 +185,10 @@ function fold(v, e) {
       c.kind = Array.isArray(d) ? d[0] : "";
       c.text = describe(e.kind, d);
       if (c.kind === "signal") c.signal = true;
+      if (c.kind === "parallel") {
+        // its branches take the positions after its own, in the order given
+        d[1].forEach((_, i) => v.branches.set(e.step + 1 + i, { of: e.step, n: i + 1, count: d[1].length }));
+      }
       c.attempts += 1;
       c.state = c.signal ? "waiting" : "started";
       break;
@@ -248,6 +270,9 @@ const OPERATOR = (run) =>
   `durabl dlq resolve ${run} --result JSON (supply its result) or durabl dlq cancel ${run}`;
 
 function shown(v, c) {
+  if (c.kind === "child" && c.state === "started") {
+    return ["s-waiting", "waiting for its child run", ""];
+  }
   switch (c.state) {
     case "done":
       return c.doneProcess === v.process
@@ -279,12 +304,22 @@ function drawCard(v, c) {
   li.dataset.state = label;
   const head = document.createElement("header");
   const h = document.createElement("h4");
-  h.textContent = `${c.step}. ${c.text}`;
+  const branch = v.branches.get(c.step);
+  if (branch) li.classList.add("branch");
+  h.textContent = branch
+    ? `${c.step}. branch ${branch.n} of ${branch.count} (step ${branch.of}): ${c.text}`
+    : `${c.step}. ${c.text}`;
   const s = document.createElement("span");
   s.className = "state";
   s.textContent = label;
   head.append(h, s);
   li.append(head);
+  const child = c.kind === "child" ? v.children.get(c.step) : null;
+  if (child) {
+    const p = document.createElement("p");
+    p.append("child run ", runLink(child.run_id), `: ${child.status || "not in this database"}`);
+    li.append(p);
+  }
   if (detail) {
     const p = document.createElement("p");
     p.textContent = detail;
@@ -353,6 +388,46 @@ function drawHeld(v, ol) {
   ol.append(li);
 }
 
+// The runs this one is linked to, each a link to its own page: the parent whose ChildRun
+// started it, the runs before and after it in a ContinueAsNew chain, the children it started.
+function drawLinks(v) {
+  const links = v.row.links;
+  const ul = $("links");
+  ul.replaceChildren();
+  const item = (label, run, after) => {
+    const li = document.createElement("li");
+    li.append(`${label} `, runLink(run.run_id));
+    if (after) li.append(after);
+    ul.append(li);
+  };
+  if (links) {
+    if (links.parent) item("parent run", links.parent, `, step ${links.parent.step}`);
+    if (links.continued_from) item("continued from run", links.continued_from);
+    if (links.continued_as) item("continued as run", links.continued_as);
+    for (const child of links.children) {
+      item("child run", child, ` (step ${child.step}): ${child.status || "not in this database"}`);
+    }
+    const more = links.children_count - links.children.length;
+    if (more > 0) {
+      const li = document.createElement("li");
+      li.textContent = `and ${more} more child runs: durabl show ${v.runId}`;
+      ul.append(li);
+    }
+  }
+  ul.hidden = ul.children.length === 0;
+}
+
+// A child's card says what its child run is doing: drawn again when the child's status changes.
+function takeLinks(v, links) {
+  for (const child of links ? links.children : []) {
+    const before = v.children.get(child.step);
+    if (!before || before.status !== child.status) {
+      v.children.set(child.step, child);
+      if (v.cards.has(child.step)) v.dirty.add(child.step);
+    }
+  }
+}
+
 function drawSummary(v) {
   const row = v.row;
   $("run-title").textContent = `Run ${v.runId}`;
@@ -383,6 +458,7 @@ function drawSummary(v) {
     ul.append(li);
   }
   $("timers-pane").hidden = v.timers.size === 0;
+  drawLinks(v);
 }
 
 async function pollRun() {
@@ -397,6 +473,7 @@ async function pollRun() {
     v.live = answer.run.live;
     if (answer.compacted) v.compacted = answer.compacted;
     for (const e of answer.events) fold(v, e);
+    takeLinks(v, answer.run.links);
     if (v.live !== liveBefore || v.row.status === "HELD") v.redrawAll = true;
     drawRun(v);
     runTimer = setTimeout(pollRun, answer.more ? 0 : RUN_POLL_MS);
@@ -420,6 +497,8 @@ function select() {
   view = runId ? fresh(runId) : null;
   $("steps").replaceChildren();
   $("metrics").replaceChildren();
+  $("links").replaceChildren();
+  $("links").hidden = true;
   $("run-status").textContent = "";
   $("run-title").textContent = runId ? `Run ${runId}` : "Select a run";
   if (view) pollRun();
