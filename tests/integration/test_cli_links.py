@@ -254,3 +254,28 @@ def test_links_survive_compaction_and_a_fork_names_no_child_of_its_own(
     assert cli.json("show", "src")["links"]["children"] == [
         {"run_id": "src-1", "step": 1, "status": "COMPLETED"}
     ]
+
+
+@workflow(name="links.chatting")
+def chatting(ctx: Any, turn: int) -> Any:
+    said = yield WaitSignal("msg")
+    if said == "bye":
+        return turn
+    yield ContinueAsNew({"turn": turn + 1})
+
+
+def test_a_signal_to_a_run_that_continued_goes_to_where_its_chain_has_got(
+    cli: Cli, rt: Runtime
+) -> None:
+    first = rt.start(chatting, {"turn": 0}, run_id="chat")
+    assert text(cli, "signal", "chat", "msg", '"hi"') == ["signal 'msg' #1 sent to run chat"]
+    rt.tick(T0_S)
+    [first, second] = chain(rt, first)
+    assert text(cli, "signal", "chat", "msg", '"bye"') == [
+        f"signal 'msg' #1 sent to run {second} (chat continued as it)"
+    ]
+    sent = json.loads("\n".join(text(cli, "--json", "signal", "chat", "msg", '"late"')))
+    assert sent == {"run_id": second, "name": "msg", "signal": 2, "sent_to": "chat"}
+    [done] = rt.tick(T0_S)
+    assert (done.run_id, done.status, done.result) == (second, "COMPLETED", 1)
+    assert [s.payload_text for s in rt.store.signals(second)] == ['"bye"', '"late"']

@@ -115,10 +115,12 @@ def _signal(args: argparse.Namespace, rt: Runtime) -> int:
     except ValueError as exc:
         raise UsageError(f"PAYLOAD is not JSON: {exc}") from None
     number = rt.signal(args.run, args.name, payload)
+    target = rt.current(args.run)  # a chain of ContinueAsNew takes it where it has got to
+    where = args.run if target == args.run else f"{target} ({args.run} continued as it)"
     emit(
         args,
-        {"run_id": args.run, "name": args.name, "signal": number},
-        f"signal {args.name!r} #{number} sent to run {args.run}",
+        {"run_id": target, "name": args.name, "signal": number, "sent_to": args.run},
+        f"signal {args.name!r} #{number} sent to run {where}",
     )
     return EXIT_OK
 
