@@ -59,6 +59,12 @@ class Metrics(Report):
     sleeps: int = 0
     signals: int = 0
     """Waits for a signal that ended: answered, or timed out."""
+    parallels: int = 0
+    """Parallel steps that ended (their branches count as the model and tool calls they are)."""
+    child_runs: int = 0
+    """ChildRun steps that ended (the child's own steps are in the child's figures)."""
+    continuations: int = 0
+    """ContinueAsNew steps: 1 for a run that went on as another."""
     ctx_values: int = 0
     """ctx.now() / random() / uuid() values recorded."""
     attempts: int = 0
@@ -90,6 +96,9 @@ class Metrics(Report):
         return Metrics(
             **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
         )
+
+
+_ZERO = Metrics().as_dict()
 
 
 @dataclass(slots=True)
@@ -204,6 +213,12 @@ class MetricsFold:
             self.m.sleeps += 1
         elif step.kind == "signal":
             self.m.signals += 1
+        elif step.kind == "parallel":
+            self.m.parallels += 1
+        elif step.kind == "child":
+            self.m.child_runs += 1
+        elif step.kind == "continue":
+            self.m.continuations += 1
         else:
             self.m.tool_calls += 1
 
@@ -223,7 +238,7 @@ class MetricsFold:
     @classmethod
     def from_counters(cls, counters: dict[str, Any]) -> MetricsFold:
         return cls(
-            Metrics(**counters["metrics"]),
+            Metrics(**{**_ZERO, **counters["metrics"]}),  # older snapshots lack newer figures
             counters["done_positions"],
             counters["first_at_s"],
             counters["last_at_s"],

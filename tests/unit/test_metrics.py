@@ -17,7 +17,19 @@ from typing import Any
 
 import pytest
 
-from durabl import ModelCall, RetryPolicy, Runtime, Sleep, ToolCall, WaitSignal, codec, crashpoints
+from durabl import (
+    ChildRun,
+    ContinueAsNew,
+    ModelCall,
+    Parallel,
+    RetryPolicy,
+    Runtime,
+    Sleep,
+    ToolCall,
+    WaitSignal,
+    codec,
+    crashpoints,
+)
 from durabl.crashpoints import CrashAt, ProcessDeath
 from durabl.errors import ModelCallFailed, ToolFailed
 from durabl.events import Event
@@ -30,6 +42,9 @@ LOOKUP = ToolCall("search", {"q": "kelp"})
 CHARGE = ToolCall("charge", {"amount": 3})
 SUMMARY = ModelCall("Summarise the otters")
 APPROVAL = WaitSignal("approve", timeout=60)
+FETCHES = Parallel([ToolCall("search", {"q": "a"}), ToolCall("search", {"q": "b"})])
+DELEGATE = ChildRun("kid", {"topic": "otters"})
+GO_ON = ContinueAsNew({"turn": 2})
 
 
 def answer(usage: Any = None, **fields: Any) -> dict[str, Any]:
@@ -269,7 +284,12 @@ def rich_log() -> Log:
     log.started(8, CHARGE).dispatched(8).resumed().dead_lettered(8).resolved(8, {"charged": 1})
     log.started(9, SUMMARY).completed(9, answer({"input_tokens": 5, "output_tokens": 5}))
     log.started(10, APPROVAL).armed(10, at(40)).completed(10, {"payload": True, "signal": 1})
-    log.started(11, SEARCH)  # open
+    log.started(11, FETCHES)  # a Parallel: its branches at 12 and 13, then its own end
+    log.step_done(13, FETCHES.steps[1], ["b"]).step_done(12, FETCHES.steps[0], ["a"])
+    log.completed(11, [["a"], ["b"]])
+    log.started(14, DELEGATE).completed(14, "the child's answer")
+    log.started(15, GO_ON).completed(15, {"run_id": "next"})
+    log.started(16, SEARCH)  # open
     return log
 
 
