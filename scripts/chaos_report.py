@@ -34,6 +34,11 @@ ELSEWHERE = {
     "away); deaths inside a compaction are covered by tests/oracles/test_compaction.py (a death "
     "at every line one executes, and a killed transaction), and compaction between random "
     "crashes, resumes and operator actions by the state machine in tests/chaos/test_stateful.py",
+    "parallel branches at once": "the grid's chaos.parallel runs its branches one at a time, so "
+    "that a (point, occurrence) names the same instant in every process and in both death "
+    "modes; its twin whose branches run at once (chaos.parallel.at_once) is killed at every "
+    "occurrence of every point, in both modes, by tests/chaos/test_grid.py, with every oracle "
+    "but the agreement of the modes",
 }
 
 
@@ -64,9 +69,7 @@ def summarise(tally: grid.Tally, grid_name: str) -> dict[str, Any]:
             counted = tally.counted(mode)
             row[mode] = {
                 "first_death": sum(1 for v in counted if v.plan[0].point == point),
-                "later_death": sum(
-                    1 for v in counted if any(d.point == point for d in v.plan[1:])
-                ),
+                "later_death": sum(1 for v in counted if any(d.point == point for d in v.plan[1:])),
             }
         row["total"] = tally.per_point()[point]
         points[point] = row

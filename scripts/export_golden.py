@@ -3,8 +3,11 @@
 Each scenario runs a workflow from tests/oracles/test_golden_histories.py for real, against the
 deterministic model and tools defined there, with a fixed clock and a fixed run id, then exports
 the run's events table rows (seq, kind, step, fp, data, at_s), its final row and the signals sent
-to it (if any: id, name, payload, sent_s, delivered_step) as JSON. Process identities (pid,
-host, runtime instance id) are normalised so that two exports are byte-identical.
+to it (if any: id, name, payload, sent_s, delivered_step) as JSON. A run that made others (the
+child a ChildRun started, the run a ContinueAsNew went on as, theirs in turn) carries their
+histories, in the order they were made, under ``linked``. Process identities (pid, host,
+runtime instance id) are normalised so that two exports are byte-identical, and so are the ids
+a ContinueAsNew draws for the runs it makes: the n-th run of a chain is ``<first run>.<n>``.
 
     python scripts/export_golden.py                     # rewrite tests/oracles/golden/*.json
     python scripts/export_golden.py OUT_DIR             # write somewhere else
@@ -134,6 +137,42 @@ def signalled(db: Path, clock: FixedClock) -> str:
     return run_id
 
 
+def parallel(db: Path, clock: FixedClock) -> str:
+    """A Parallel whose first branch fails its first attempt and backs off while the others
+    finish; the retry, due after the backoff, ends it."""
+    with _runtime(db, clock) as rt:
+        run_id = rt.start("golden.fan_out", {"topic": "kelp"}, run_id="golden-parallel")
+        clock.now_s += 30
+        rt.tick()
+    return run_id
+
+
+def child_run(db: Path, clock: FixedClock) -> str:
+    """A parent whose child sleeps: the tick that fires the child's timer ends the child,
+    which makes the parent due; the next tick drives the parent on."""
+    with _runtime(db, clock) as rt:
+        run_id = rt.start("golden.parent", {"order": 7}, run_id="golden-child")
+        clock.now_s += 300
+        rt.tick()
+        clock.now_s += 1
+        rt.tick()
+    return run_id
+
+
+def continued(db: Path, clock: FixedClock) -> str:
+    """Three turns by ContinueAsNew: the first parks on ``hello``; ``wrap`` is sent first,
+    while no wait is for it, then ``hello``; the first turn goes on as the second, which takes
+    the ``wrap`` it was handed, and on as the third."""
+    with _runtime(db, clock) as rt:
+        run_id = rt.start("golden.chat", {"topic": "kelp"}, run_id="golden-continued")
+        clock.now_s += 30
+        rt.signal(run_id, "wrap", "bye")
+        clock.now_s += 30
+        rt.signal(run_id, "hello", "hi")
+        rt.tick()
+    return run_id
+
+
 SCENARIOS: dict[str, Callable[[Path, FixedClock], str]] = {
     "research": research,
     "retry_and_fallback": retry_and_fallback,
@@ -142,6 +181,9 @@ SCENARIOS: dict[str, Callable[[Path, FixedClock], str]] = {
     "patched": patched,
     "patched_old_branch": patched_old_branch,
     "signalled": signalled,
+    "parallel": parallel,
+    "child_run": child_run,
+    "continued": continued,
 }
 
 
@@ -159,19 +201,62 @@ def _normalise(data: str | None, owners: dict[str, str]) -> str | None:
 
 
 def _history(db: Path, run_id: str) -> dict[str, Any]:
+    """The run's history, and under ``linked`` those of the runs it made, with the ids a
+    ContinueAsNew drew replaced by stable names."""
     with closing(sqlite3.connect(db)) as conn:
-        workflow, input_text, status, result, error = conn.execute(
-            "SELECT workflow, input, status, result, error FROM runs WHERE run_id = ?", (run_id,)
+        made = _made(conn, run_id)
+        histories = [_one_history(conn, one) for one in [run_id, *made]]
+    names = _chain_names(histories)
+    text = json.dumps(histories, sort_keys=True, ensure_ascii=False)
+    for drawn, name in names.items():
+        text = text.replace(drawn, name)
+    history, *linked = json.loads(text)
+    if linked:  # only a run that made others has the key: older files stay as recorded
+        history["linked"] = linked
+    return history
+
+
+def _made(conn: Any, run_id: str) -> list[str]:
+    """The runs ``run_id`` made, theirs in turn, in the order they were made (by the seq of
+    the step that made each): its ChildRuns' children and the run its ContinueAsNew made."""
+    found = []
+    for (other,) in conn.execute("SELECT run_id FROM runs ORDER BY created_s, run_id").fetchall():
+        (data,) = conn.execute(
+            "SELECT data FROM events WHERE run_id = ? AND seq = 1", (other,)
         ).fetchone()
-        rows = conn.execute(
-            "SELECT seq, kind, step, fp, data, at_s FROM events WHERE run_id = ? ORDER BY seq",
-            (run_id,),
-        ).fetchall()
-        sent = conn.execute(
-            "SELECT id, name, payload, sent_s, delivered_step FROM signals WHERE run_id = ? "
-            "ORDER BY id",
-            (run_id,),
-        ).fetchall()
+        started = json.loads(data)
+        parent = started.get("parent")
+        if started.get("continued_from") == run_id or (
+            parent is not None and parent["run_id"] == run_id and "continued_from" not in started
+        ):
+            found.append(other)
+    return [one for other in found for one in (other, *_made(conn, other))]
+
+
+def _chain_names(histories: list[dict[str, Any]]) -> dict[str, str]:
+    """Drawn run id -> ``<first run>.<n>``, for each run a ContinueAsNew made."""
+    names: dict[str, str] = {}
+    for history in histories:
+        before = json.loads(history["events"][0]["data"]).get("continued_from")
+        if before is not None:
+            first, _, n = names.get(before, before).partition(".")
+            names[history["run_id"]] = f"{first}.{int(n or 1) + 1}"
+    return names
+
+
+def _one_history(conn: Any, run_id: str) -> dict[str, Any]:
+    workflow, input_text, status, result, error = conn.execute(
+        "SELECT workflow, input, status, result, error FROM runs WHERE run_id = ?", (run_id,)
+    ).fetchone()
+    rows = conn.execute(
+        "SELECT seq, kind, step, fp, data, at_s FROM events WHERE run_id = ? ORDER BY seq",
+        (run_id,),
+    ).fetchall()
+    sent = conn.execute(
+        "SELECT id, name, payload, sent_s, delivered_step FROM signals WHERE run_id = ? "
+        "ORDER BY id",
+        (run_id,),
+    ).fetchall()
     owners: dict[str, str] = {}
     events = [
         {

@@ -174,13 +174,13 @@ class Drive:
         except NonDeterminismError as exc:
             raise Hold(exc) from None
         if action == replay.SERVE and rec is not None:
-            self.progress.replayed += 1
+            self.progress.replayed += step.width  # a Parallel served: its branches with it
             crashpoints.reach(crashpoints.DURING_REPLAY)
             if isinstance(step, ContinueAsNew):
                 raise Park()  # the run went on as another: nothing after the yield runs here
             return step.served(codec.decode(rec.result_text or "null"))
         if action == replay.THROW and rec is not None and rec.failure is not None:
-            self.progress.replayed += 1
+            self.progress.replayed += step.width
             raise StepFailed.from_record(rec.failure)
         if self.dry:
             self.next_step = step.describe()

@@ -6,7 +6,7 @@ decision) or ``call_tool``. None of them is a mock: they open the same SQLite fi
 same log and call the same tools as the real runtime. The harness is trusted only because it
 catches every one of them (``negative_control.py``).
 
-The two split variants open a window the real runtime does not have: between two transactions.
+The split variants open a window the real runtime does not have: between two transactions.
 They declare a crash point of their own for it, so that a schedule can aim a death there; the
 real runtime's points are exactly ``crashpoints.ALL`` and none of them sits in such a gap.
 """
@@ -17,17 +17,23 @@ from dataclasses import replace
 from typing import Any
 
 from durabl import Runtime, codec, crashpoints, events, replay
+from durabl.events import Event
 from durabl.journal import Journal, NewEvent
 from durabl.replay import History, StepRecord
 from durabl.steps import PatchMarker, Step
-from durabl.store import Commit, SideEffect
+from durabl.store import Commit, RunRow, SideEffect
+from durabl.store.base import ParentNote
 from durabl.tools import Tool
 
 SPLIT_EFFECT_FIRST_GAP = crashpoints.declare("split_gap_effect_recorded_completion_not")
 """The side_effects row is committed; the STEP_COMPLETED that goes with it is not."""
 SPLIT_COMPLETION_FIRST_GAP = crashpoints.declare("split_gap_completion_recorded_effect_not")
 """STEP_COMPLETED (and the key claim's release) is committed; the side_effects row is not."""
-PROBES = (SPLIT_EFFECT_FIRST_GAP, SPLIT_COMPLETION_FIRST_GAP)
+SPLIT_NOTE_GAP = crashpoints.declare("split_gap_child_ended_parent_not_told")
+"""A child run's end is committed; the parent's record of it is not."""
+SPLIT_CONTINUE_GAP = crashpoints.declare("split_gap_next_run_created_this_not_ended")
+"""The run a ContinueAsNew goes on as is committed; the end of the run that continued is not."""
+PROBES = (SPLIT_EFFECT_FIRST_GAP, SPLIT_COMPLETION_FIRST_GAP, SPLIT_NOTE_GAP, SPLIT_CONTINUE_GAP)
 
 
 def _record_effect(journal: Journal, effect: SideEffect, durable: bool) -> None:
@@ -167,6 +173,124 @@ class ForgetsSignalDelivery(Runtime):
     journal_class = _ForgetsDeliveryJournal
 
 
+def _parallel_at(history: History, position: int) -> list[Any] | None:
+    """The branches of the Parallel the log started at ``position``, or None."""
+    rec = history.steps.get(position)
+    if rec is None or not (rec.canonical or "").startswith('["parallel"'):
+        return None
+    return list(codec.decode(rec.canonical or "[]")[1])
+
+
+class _CompletionOrderJournal(Journal):
+    def append(self, new: list[NewEvent], *, step: int | None = None, **rest: Any) -> None:
+        position = self.progress.position if step is None else step
+        branches = _parallel_at(self.history, position)
+        if branches is not None and [kind for kind, _, _ in new] == [events.STEP_COMPLETED]:
+            steps = self.history.steps
+            done = sorted(range(len(branches)), key=lambda i: steps[position + 1 + i].done_seq)
+            texts = [steps[position + 1 + i].result_text or "null" for i in done]
+            new = [(events.STEP_COMPLETED, None, "[" + ",".join(texts) + "]")]
+        super().append(new, step=step, **rest)
+
+
+class ParallelInCompletionOrder(Runtime):
+    """Records a Parallel's results in the order its branches finished ("as_completed"), not
+    the order given. The pass that ran them hands the workflow the right list; a pass that
+    serves the Parallel from the log hands it the branches' results shuffled."""
+
+    journal_class = _CompletionOrderJournal
+
+
+class RerunsServedBranches(Runtime):
+    """Decides a Parallel's branches by the Parallel's own record: while the Parallel has no
+    outcome, every branch is executed, those whose outcome the log holds too ("the branches
+    are one step"). A Parallel reached again (after a backoff, a death) runs its finished
+    branches again."""
+
+    def decide(self, history: History, position: int, step: Step) -> tuple[str, StepRecord | None]:
+        action, rec = super().decide(history, position, step)
+        if action != replay.SERVE:
+            return action, rec
+        for before in range(position - 1, 0, -1):
+            branches = _parallel_at(history, before)
+            if branches is not None and before + len(branches) >= position:
+                if not history.steps[before].done:
+                    return replay.EXECUTE, None
+                break
+        return action, rec
+
+
+class _SplitNoteJournal(Journal):
+    """Holds the parent note back from the commit that ends the child, and commits it alone."""
+
+    held: ParentNote | None = None
+
+    def _parent_note(self, rows: list[Event]) -> ParentNote | None:
+        self.held = super()._parent_note(rows)
+        return None
+
+    def append(self, new: list[NewEvent], **rest: Any) -> None:
+        self.held = None
+        super().append(new, **rest)
+        note, self.held = self.held, None
+        if note is not None:
+            crashpoints.reach(SPLIT_NOTE_GAP)
+            self.store.commit(
+                Commit(run_id=self.run_id, parent_note=note, durable=True, at_s=self.now())
+            )
+
+
+class SplitParentNote(Runtime):
+    """Commits a child run's end, then tells its parent, in two transactions.
+
+    A death between them leaves a child that has ended and a parent that waits on it for ever:
+    nothing will write the child's end again, and the parent's step sees no outcome."""
+
+    probe = SPLIT_NOTE_GAP
+    journal_class = _SplitNoteJournal
+
+
+class _SplitContinueJournal(Journal):
+    def append(
+        self,
+        new: list[NewEvent],
+        *,
+        new_run: tuple[RunRow, Event] | None = None,
+        status: str | None = None,
+        **rest: Any,
+    ) -> None:
+        if new_run is not None and status == events.CONTINUED:
+            self.store.commit(
+                Commit(run_id=self.run_id, new_run=new_run, durable=True, at_s=self.now())
+            )
+            crashpoints.reach(SPLIT_CONTINUE_GAP)
+            new_run = None
+        super().append(new, new_run=new_run, status=status, **rest)
+
+
+class SplitContinuation(Runtime):
+    """Creates the run a ContinueAsNew goes on as, then ends the run that continued, in two
+    transactions.
+
+    A death between them leaves the new run, and the old one with no record of its
+    ContinueAsNew: resumed, it continues again, as a second new run, and both go on."""
+
+    probe = SPLIT_CONTINUE_GAP
+    journal_class = _SplitContinueJournal
+
+
+class _DropsCarriedSignalsJournal(Journal):
+    def append(self, new: list[NewEvent], *, carry_signals: str | None = None, **rest: Any) -> None:
+        super().append(new, **rest)
+
+
+class ForgetsCarriedSignals(Runtime):
+    """Continues as a new run without handing it the signals no wait took ("the new run starts
+    afresh"): a signal sent for a later turn is left behind in the run that continued."""
+
+    journal_class = _DropsCarriedSignalsJournal
+
+
 class DuplicatesEffects(Runtime):
     """Calls every tool twice. Not a plausible bug: if it got through, no figure means anything."""
 
@@ -192,14 +316,21 @@ class ForgetsEffectRecord(Runtime):
 __all__ = [
     "PROBES",
     "SPLIT_COMPLETION_FIRST_GAP",
+    "SPLIT_CONTINUE_GAP",
     "SPLIT_EFFECT_FIRST_GAP",
+    "SPLIT_NOTE_GAP",
     "DuplicatesEffects",
+    "ForgetsCarriedSignals",
     "ForgetsEffectRecord",
     "ForgetsPatchMarkers",
     "ForgetsSignalDelivery",
     "IgnoresDispatched",
     "NoFingerprintCheck",
+    "ParallelInCompletionOrder",
+    "RerunsServedBranches",
     "SkipsDispatchMarker",
     "SplitCompletionFirst",
+    "SplitContinuation",
     "SplitEffectFirst",
+    "SplitParentNote",
 ]

@@ -6,9 +6,15 @@ and derived idempotency keys, a key asked for twice in one run and keys shared b
 timers (one of zero length), ctx.now/random/uuid, a tool retried with backoff after failing its
 first attempt, ToolFailed caught by the workflow (from an IDEMPOTENT tool that exhausts its
 retries and from an AT_MOST_ONCE tool that raises), a long run of more than forty steps,
-``ctx.patched`` markers recorded before, between and after other steps, and ``WaitSignal``s
+``ctx.patched`` markers recorded before, between and after other steps, ``WaitSignal``s
 with and without a timeout: answered after the wait parked, answered before the run reached
-it, and never answered (the signals a spec's ``answers`` say the driver sends).
+it, and never answered (the signals a spec's ``answers`` say the driver sends), a ``Parallel``
+of an AT_MOST_ONCE and an IDEMPOTENT tool and a model call that backs off (a dead-lettered
+branch whose siblings settle before it), a ``ChildRun`` whose child dead-letters, backs off
+and sleeps while its parent waits, and a chain of three runs by ``ContinueAsNew``, each with
+its own charge and send, that hands a signal no wait took on to the next. Every one of these
+three reaches every crash point. (The Parallel's branches run one at a time in the grid; its
+twin with branches at once, ``AT_ONCE``, is killed by ``test_grid.py`` on its own.)
 Compaction is not in the corpus: the grid's oracles read the whole log, which compaction folds
 away. tests/oracles/test_compaction.py kills compactions at every line, and the state machine in
 test_stateful.py compacts between random crashes.
@@ -30,7 +36,10 @@ from typing import Any
 
 from durabl import (
     TIMED_OUT,
+    ChildRun,
+    ContinueAsNew,
     ModelCall,
+    Parallel,
     RetryPolicy,
     Sleep,
     ToolCall,
@@ -272,6 +281,106 @@ def patched(ctx: Any, topic: str) -> Any:
     return {"paid": paid, "sent": sent, "stamp": stamp, "closing": closing}
 
 
+def fanned(ctx: Any, topic: str) -> Any:
+    """A ``Parallel`` of an AT_MOST_ONCE charge (first, derived key), an IDEMPOTENT send with an
+    explicit key (its claim taken at dispatch) and a model call that fails its first attempt
+    (the branch backs off, parking the run), between a model call and a timer, a uuid and a
+    send. Its branches run one at a time (``max_concurrency=1``): the grid numbers the
+    occurrences of each point, which must name the same instant in every process and in both
+    death modes (``fanned_at_once``, the same with its branches at once, is killed by
+    ``test_grid.py`` on its own). After a death in the charge's window the charge is
+    dead-lettered and its siblings settle all the same, so the branches end out of the order
+    given, the redriven (or resolved) charge last."""
+    return (yield from _fan(ctx, topic, 1))
+
+
+def fanned_at_once(ctx: Any, topic: str) -> Any:
+    """``fanned`` with its three branches running at once."""
+    return (yield from _fan(ctx, topic, None))
+
+
+def _fan(ctx: Any, topic: str, concurrency: int | None) -> Any:
+    plan = yield ModelCall(f"fan out {topic}")
+    paid, sent, opinion = yield Parallel(
+        [
+            ToolCall("charge", {"amount": plan["tokens"], "memo": f"fan {topic}"}),
+            ToolCall("send", {"to": "fan", "body": plan["text"]}, idempotency_key=f"fan-{topic}"),
+            ModelCall(f"flaky: second opinion on {topic}"),
+        ],
+        max_concurrency=concurrency,
+    )
+    yield Sleep(seconds=15)
+    stamp = ctx.uuid()
+    told = yield ToolCall("send", {"to": "fanned", "body": f"{opinion['text']} {stamp}"})
+    return {"paid": paid, "sent": sent, "opinion": opinion["tokens"], "told": told}
+
+
+SHIPPING = "chaos.shipping"
+
+
+def shipping(ctx: Any, order: int, note: str) -> Any:
+    """The child of ``chaos.child``: an AT_MOST_ONCE charge (derived key, so its dead letter is
+    the child's, its parent waiting; the first tool its run dispatches, so that the sample's
+    first deaths fall in its window), a lookup, a tool that fails its first attempt (the child
+    backs off), a timer (the child sleeps), a uuid, an explicit-key send."""
+    fee = yield ToolCall("charge", {"amount": order, "memo": "postage"})
+    label = yield ToolCall("search", {"q": f"label {order}"})
+    weight = yield ToolCall("flaky", {"n": order})
+    yield Sleep(seconds=30)
+    packed = ctx.uuid()
+    sent = yield ToolCall(
+        "send", {"to": "warehouse", "body": f"{note} {packed}"}, idempotency_key=f"ship-{order}"
+    )
+    return {"label": label[0], "fee": fee, "weight": weight, "sent": sent}
+
+
+def parent(ctx: Any, order: int) -> Any:
+    """A model call, a ``ChildRun`` of ``chaos.shipping`` (its id derived from this run's and
+    the step's), and an explicit-key send of what the child returned."""
+    note = yield ModelCall(f"brief for order {order}")
+    shipped = yield ChildRun(SHIPPING, {"order": order, "note": note["text"]})
+    told = yield ToolCall(
+        "send", {"to": "customer", "body": shipped["label"]}, idempotency_key=f"shipped-{order}"
+    )
+    return {"shipped": shipped, "told": told}
+
+
+SHIPPING = "chaos.shipping"
+
+
+TURNS = 3
+
+
+def turns(
+    ctx: Any, topic: str, turn: int = 1, receipts: tuple[str, ...] = (), note: str = ""
+) -> Any:
+    """A bounded loop of ``TURNS`` turns by ``ContinueAsNew``: each turn is a run of its own
+    that takes an AT_MOST_ONCE charge (explicit key) and sends with a derived key (the new
+    run's id in it), carrying the receipts on in its input. The first turn waits for ``go``;
+    the driver sends ``next`` with it, which no wait of that run takes: the ContinueAsNew hands
+    it to the second turn, whose wait takes it at once, and whose model call fails its first
+    attempt; the third sleeps and reads the clock. The last turn returns it all."""
+    if turn == 1:
+        note = (yield WaitSignal("go"))["by"]
+    elif turn == 2:
+        heard = (yield WaitSignal("next"))["by"]
+        idea = yield ModelCall(f"flaky: an idea for {topic} from {heard}")
+        note = f"{note}, then {heard} ({idea['tokens']})"
+    else:
+        yield Sleep(seconds=20)
+        note = f"{note}, at {ctx.now()}"
+    paid = yield ToolCall(
+        "charge", {"amount": 10 + turn, "memo": f"turn {turn}"}, idempotency_key=f"{topic}-{turn}"
+    )
+    sent = yield ToolCall("send", {"to": "turns", "body": f"{topic} turn {turn}: {note}"})
+    receipts = (*receipts, paid["receipt"])
+    if turn < TURNS:
+        yield ContinueAsNew(
+            {"topic": topic, "turn": turn + 1, "receipts": list(receipts), "note": note}
+        )
+    return {"receipts": list(receipts), "sent": sent, "turns": turn, "note": note}
+
+
 APPROVE_WITHIN_S = 86400.0
 """Far longer than the driver ever takes to answer (its clock jumps an hour at most between two
 looks, whatever deaths come between): the answered wait never times out."""
@@ -312,6 +421,8 @@ class Answer:
     name: str
     payload: Any
     once_waiting_for: str
+    """(``run_id`` names the first run of a ContinueAsNew chain: the answer goes to the run the
+    chain has got to.)"""
 
 
 @dataclass(frozen=True)
@@ -348,6 +459,23 @@ CORPUS: tuple[Spec, ...] = (
             Answer("signal-1", "close", "closed by ana", once_waiting_for="close"),
         ),
     ),
+    Spec("chaos.parallel", fanned, (("parallel-1", {"topic": "tides"}),)),
+    Spec("chaos.child", parent, (("child-1", {"order": 7}),)),
+    Spec(
+        "chaos.continue",
+        turns,
+        (("continue-1", {"topic": "loop"}),),
+        (
+            Answer("continue-1", "next", {"by": "bo"}, once_waiting_for="go"),
+            Answer("continue-1", "go", {"by": "ana"}, once_waiting_for="go"),
+        ),
+    ),
 )
 SPECS = {spec.name: spec for spec in CORPUS}
-WORKFLOWS = {spec.name: spec.fn for spec in CORPUS}
+AT_ONCE = Spec("chaos.parallel.at_once", fanned_at_once, (("at-once-1", {"topic": "tides"}),))
+"""``chaos.parallel`` with its branches at once: not in the grid (see ``fanned``)."""
+WORKFLOWS = {
+    **{spec.name: spec.fn for spec in CORPUS},
+    SHIPPING: shipping,
+    AT_ONCE.name: AT_ONCE.fn,
+}

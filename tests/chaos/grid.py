@@ -7,15 +7,22 @@ a last process finishes the runs. Every death mode (``lives.MODES``) takes the s
 
 Before anything resumes after a death, the crashed database is read read-only and checked: the
 log, the side effects and the key claims agree (no torn write), the log and the signals table
-agree on every delivery (none taken twice, or out of order), the log has no hole, no timer fired
-twice or early (a wait's timeout included). After the last process, the same again, and: every
+agree on every delivery (none taken twice, or out of order, and those a ContinueAsNew hands on
+handed to the next run), the log has no hole, no timer fired twice or early (a wait's timeout
+included), every child run and ContinueAsNew link is whole (a child belongs to the ChildRun that
+started it, whose log holds the child's end once it has ended; a continued run names the one
+run it went on as, which names it), and every Parallel's record is its branches' outcomes, in
+the order given. After the last process, the same again, and: every
 timer fired exactly once (or ended its wait); no idempotency key has two effects in the world's
 ledger; nothing was guessed (every AT_MOST_ONCE step found inside its ambiguous window was
 dead-lettered, and nothing else was); no dead letter or key claim is left; a dry replay gives
 the recorded result and calls nothing; and the final state equals the uncrashed reference run of
 the workflow (ctx values compared by where they were recorded, not by value; ctx.patched markers
 by where they were recorded and the patch they name; signals by which wait took each, and
-timeouts by which waits ended so).
+timeouts by which waits ended so; every run of the database, the children and the runs of a
+ContinueAsNew chain included, by a name that says where it came from, since a chain's runs
+have new ids each time). The runs are brought to rest, checked and replayed as a family: a
+spec's runs and every run they made.
 
 Which occurrences exist is counted, not guessed: the uncrashed reference run counts every reach
 of every point in the first process, and the last process of each scenario counts the reaches of
@@ -49,13 +56,19 @@ from oracles.support import (
     Database,
     Snapshot,
     assert_log_and_effects_agree,
+    assert_parallels_in_order,
+    assert_runs_linked,
     assert_signals_delivered_once,
     assert_snapshot_gapless,
     assert_snapshot_timers,
     assert_steps_finish_once,
+    run_names,
+    run_started,
 )
 
 Plan = tuple[Death, ...]
+ENDED = ("COMPLETED", "CONTINUED")
+"""How every run of an uncrashed reference ends (a CONTINUED one named the run it went on as)."""
 Place = Callable[[Path], AbstractContextManager[Database]]
 """Where a scenario's database lives, given the scenario's folder: the database, for as long
 as the scenario needs it."""
@@ -74,14 +87,28 @@ def describe(workflow: str, plan: Plan) -> str:
 # -- what a database and the world say -------------------------------------------------------------
 
 
-def _ctx_values(snap: Snapshot) -> list[tuple[str, str]]:
-    """(recorded text, placeholder) for every ctx value, named by run and step position."""
+def lineage(snap: Snapshot, run_id: str, names: dict[str, str]) -> dict[str, Any]:
+    """Where the run came from, by name: the run it continued, the parent step that started it."""
+    data = run_started(snap, run_id)
+    before, parent = data.get("continued_from"), data.get("parent")
+    return {
+        "continued_from": None if before is None else names.get(before, before),
+        "parent": None
+        if parent is None
+        else [names.get(parent["run_id"], parent["run_id"]), parent["step"]],
+    }
+
+
+def _ctx_values(snap: Snapshot, names: dict[str, str]) -> list[tuple[str, str]]:
+    """(recorded text, placeholder) for every ctx value, named by run and step position; then
+    (run id, name) for every run whose id is not its name."""
     found = []
     for run_id, rows in snap.events.items():
         for _seq, kind, step, _fp, data, _at in rows:
             if kind == "CTX_RECORDED" and data is not None:
                 text = data[1:-1] if data.startswith('"') else data
-                found.append((text, f"<ctx {run_id}:{step}>"))
+                found.append((text, f"<ctx {names.get(run_id, run_id)}:{step}>"))
+    found.extend((run_id, f"<run {name}>") for run_id, name in names.items() if run_id != name)
     return found
 
 
@@ -125,12 +152,15 @@ def timeouts(snap: Snapshot, run_id: str) -> list[int]:
 def final_state(snap: Snapshot, world: World) -> dict[str, Any]:
     """The final state, comparable between a crashed and an uncrashed run: each run's status,
     result, fired timers, patch markers (where the run recorded that it took a new branch),
-    signals (which wait took each) and waits that timed out, and the world's effects, with
-    every ctx value replaced by where it was recorded."""
-    values = _ctx_values(snap)
+    signals (which wait took each), waits that timed out, and where it came from (the run it
+    continued, the parent step that started it), and the world's effects, with every ctx
+    value replaced by where it was recorded and every run named as ``run_names`` does (the
+    runs a ContinueAsNew makes have new ids each time, in their results and derived keys)."""
+    names = run_names(snap)
+    values = _ctx_values(snap, names)
     runs = {}
     for run_id, (_, status, result, error, _wake) in snap.runs.items():
-        runs[run_id] = {
+        runs[names[run_id]] = {
             "status": status,
             "result": _normalise(result or "null", values),
             "error": error,
@@ -138,11 +168,12 @@ def final_state(snap: Snapshot, world: World) -> dict[str, Any]:
             "patches": patch_markers(snap.events[run_id]),
             "signals": signals(snap, run_id),
             "timeouts": timeouts(snap, run_id),
+            **lineage(snap, run_id, names),
         }
     effects = sorted(
         _normalise(json.dumps(record, sort_keys=True), values) for record in world.effects.records()
     )
-    return {"runs": runs, "effects": effects}
+    return {"runs": dict(sorted(runs.items())), "effects": effects}
 
 
 def duplicate_effects(world: World) -> list[str]:
@@ -237,9 +268,11 @@ def reference(scratch: Path, spec: Spec, place: Place = file_in) -> Reference:
             snap = Snapshot(db)
         world = World(folder)
         final = final_state(snap, world)
-        assert all(run["status"] == "COMPLETED" for run in final["runs"].values()), final
+        assert all(run["status"] in ENDED for run in final["runs"].values()), final
         assert not duplicate_effects(world), final
         assert_log_and_effects_agree(snap)
+        assert_runs_linked(snap)
+        assert_parallels_in_order(snap)
         assert_signals_delivered_once(snap)
         assert_snapshot_timers(snap, finished=True)
         assert_steps_finish_once(snap, finished=True)
@@ -290,6 +323,8 @@ def _scenario(
         after = f"after death {number} ({death})"
         v.check(f"torn write {after}", assert_log_and_effects_agree, snap)
         v.check(f"signals {after}", assert_signals_delivered_once, snap)
+        v.check(f"runs linked {after}", assert_runs_linked, snap)
+        v.check(f"parallels in order {after}", assert_parallels_in_order, snap)
         v.check(f"gapless {after}", assert_snapshot_gapless, snap)
         v.check(f"timers {after}", assert_snapshot_timers, snap, finished=False)
         v.check(f"steps once {after}", assert_steps_finish_once, snap, finished=False)
@@ -324,6 +359,8 @@ def _final_checks(
         v.failures.append(f"final state {v.final} differs from the reference {ref.final}")
     v.check("torn write at the end", assert_log_and_effects_agree, snap)
     v.check("signals at the end", assert_signals_delivered_once, snap)
+    v.check("runs linked at the end", assert_runs_linked, snap)
+    v.check("parallels in order at the end", assert_parallels_in_order, snap)
     v.check("gapless at the end", assert_snapshot_gapless, snap)
     v.check("timers at the end", assert_snapshot_timers, snap, finished=True)
     v.check("steps once at the end", assert_steps_finish_once, snap, finished=True)
@@ -348,13 +385,16 @@ def _final_checks(
 def _replays_alike(
     db: Database, folder: Path, spec: Spec, clock: SharedClock, snap: Snapshot
 ) -> None:
-    """Replaying each finished run gives its recorded result and calls nothing."""
+    """Replaying each finished run (those the driver started, their children, and the runs
+    their ContinueAsNew chains went on as) gives its recorded result, or for a CONTINUED run
+    its end again, and calls nothing."""
     world = World(folder)
     with Runtime(db, llm=world.llm, tools=world.tools(), clock=clock, workflows=WORKFLOWS) as rt:
-        for run_id, _ in spec.runs:
+        for run_id, (_, status, recorded, _error, _wake) in sorted(snap.runs.items()):
             state = rt.replay(run_id)
-            recorded = snap.runs[run_id][2]
-            assert codec.encode(state.result) == recorded, f"{run_id}: {state.result}"
+            assert state.status == status, f"{run_id} replays as {state.status}, not {status}"
+            if status != "CONTINUED":  # a continued run returns nothing: it went on as another
+                assert codec.encode(state.result) == recorded, f"{run_id}: {state.result}"
             assert state.steps_executed == 0, f"{run_id} executed {state.steps_executed} steps"
     assert world.calls == 0, f"a dry replay called the world {world.calls} times"
 

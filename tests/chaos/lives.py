@@ -36,7 +36,7 @@ from durabl.errors import InvalidStateError
 from durabl.runtime import DeadLetter
 from durabl.steps import derived_key
 from durabl.store.reads import waiting_for
-from oracles.support import START_S, Clock, Database
+from oracles.support import START_S, Clock, Database, chain_of
 
 MODES = ("in-process", "sigkill")
 JUMPS_S = (7.0, 45.0, 600.0, 3600.0)
@@ -45,7 +45,8 @@ fire nothing), some after it."""
 DRIVE_LIMIT = 120
 ARRIVAL_WAIT_S = 120.0
 """A child that reached its point waits this long to be killed, then gives up on its parent."""
-FINISHED = ("COMPLETED", "FAILED", "CANCELLED")
+FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "CONTINUED")
+"""The statuses a run never leaves (a CONTINUED run's work goes on in the run it names)."""
 
 
 @dataclass(frozen=True, order=True)
@@ -111,34 +112,65 @@ def drive(
     run_ids: Sequence[str],
     answers: Sequence[Answer] = (),
 ) -> None:
-    """resume_all + tick with the clock jumping on until every run has finished. The operator
-    comes only when nothing else can move: the other runs go on meanwhile, so a run that reaches
-    a key whose first holder is dead-lettered finds the key in the same ambiguous state. The
-    answers due are sent at every turn, before the clock moves on."""
+    """resume_all + tick with the clock jumping on until every run has finished: the runs of
+    ``run_ids`` and every run they made (the children of a ChildRun, the next runs of a
+    ContinueAsNew), which are all the database holds. The operator comes only when nothing
+    else can move: the other runs go on meanwhile, so a run that reaches a key whose first
+    holder is dead-lettered finds the key in the same ambiguous state; a parent waiting on a
+    child that is dead-lettered cannot move either. The answers due are sent at every turn,
+    before the clock moves on."""
     for turn in range(DRIVE_LIMIT):
-        statuses = {rt.state(run_id).status for run_id in run_ids}
+        rows = rt.store.list_runs()
+        statuses = {row.status for row in rows}
         if statuses <= set(FINISHED):
             return
-        if statuses <= {*FINISHED, "DEAD_LETTERED"}:
+        if "DEAD_LETTERED" in statuses and all(
+            row.status in (*FINISHED, "DEAD_LETTERED") or row.run_id in blocked(rt, rows)
+            for row in rows
+        ):
             operate(rt, world, rt.dead_letters()[0])
             continue
         answer(rt, answers)
         rt.resume_all()
         clock.advance(JUMPS_S[turn % len(JUMPS_S)])
         rt.tick()
-    raise AssertionError(f"runs did not come to rest: {[rt.state(r) for r in run_ids]}")
+    runs = [rt.state(run_id) for run_id in run_ids]
+    raise AssertionError(f"runs did not come to rest: {runs} (all: {rt.store.list_runs()})")
+
+
+def parent_of(rt: Runtime, run_id: str) -> str | None:
+    """The run whose ChildRun started ``run_id`` (from its RUN_STARTED), or None."""
+    started = json.loads(rt.store.load_log(run_id)[0].data or "{}")
+    parent = started.get("parent")
+    return None if parent is None else parent["run_id"]
+
+
+def blocked(rt: Runtime, rows: Sequence[Any]) -> set[str]:
+    """The runs that wait on a dead-lettered child (or on a child that waits on one)."""
+    stuck = {row.run_id for row in rows if row.status == "DEAD_LETTERED"}
+    parents = {row.run_id: parent_of(rt, row.run_id) for row in rows}
+    found: set[str] = set()
+    for run_id in stuck:
+        above = parents.get(run_id)
+        while above is not None and above not in found:
+            found.add(above)
+            above = parents.get(above)
+    return found
 
 
 def answer(rt: Runtime, answers: Sequence[Answer]) -> None:
-    """Send every answer whose run now waits for what the answer waits for, unless a process
-    sent it already: the signals table says which were sent, so a death (a send is one
-    transaction, with no crash point in it) never makes one go twice or never."""
+    """Send every answer whose run (the run its chain of ContinueAsNew has got to) now waits
+    for what the answer waits for, unless a process sent it already: the signals tables of
+    the chain say which were sent, so a death (a send is one transaction, with no crash point
+    in it) never makes one go twice or never."""
     for due in answers:
-        row = rt.store.get_run(due.run_id)
+        chain = chain_of(rt.store, due.run_id)
+        row = rt.store.get_run(chain[-1]) if chain else None
         waiting = None if row is None else waiting_for(rt.store, row)
         if waiting is None or waiting["signal"] != due.once_waiting_for:
             continue
-        if all(sent.name != due.name for sent in rt.store.signals(due.run_id)):
+        sent = [signal.name for run_id in chain for signal in rt.store.signals(run_id)]
+        if due.name not in sent:
             rt.signal(due.run_id, due.name, due.payload)
 
 

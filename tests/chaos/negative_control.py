@@ -27,8 +27,12 @@ from typing import Any
 
 from durabl import (
     TIMED_OUT,
+    ChildRun,
+    ChildRunFailed,
+    ContinueAsNew,
     ModelCall,
     NonDeterminismError,
+    Parallel,
     RunState,
     Runtime,
     Sleep,
@@ -45,9 +49,12 @@ from oracles.support import (
     World,
     assert_effects_match_log,
     assert_gapless,
+    assert_parallels_in_order,
+    assert_runs_linked,
     assert_signals_delivered_once,
     drive_to_rest,
     event_rows,
+    run_names,
     side_effect_rows,
 )
 
@@ -72,6 +79,8 @@ NEVER_GUESSED = "ambiguity dead-lettered"
 NONDETERMINISM = "non-determinism detected"
 FINAL = "final state"
 SIGNALS = "signals delivered once"
+LINKED = "runs linked"
+IN_ORDER = "parallel in order"
 ORACLES = {
     TORN: "on the file a dead process left, before anything resumes: the side_effects table "
     "and the log agree",
@@ -85,7 +94,12 @@ ORACLES = {
     FINAL: "every run completes with the uncrashed reference's result, and the ledger equals "
     "the reference's",
     SIGNALS: "after a death and at rest, every signal a wait took is marked delivered to that "
-    "wait, and none is taken twice",
+    "wait, none is taken twice, and a ContinueAsNew hands the signals no wait took to the next run",
+    LINKED: "after a death and at rest, every child run belongs to the ChildRun that started it, "
+    "whose log holds the child's end once the child has ended, and every ContinueAsNew names the "
+    "one run it went on as, which names it",
+    IN_ORDER: "after a death and at rest, a Parallel's recorded result lists its branches' "
+    "results in the order given, and is recorded after all of them",
 }
 
 
@@ -201,7 +215,78 @@ def answered(ctx: Any, to: str) -> Any:
     return [found, first, sent, "no second answer" if second is TIMED_OUT else second]
 
 
+def fan_out(ctx: Any) -> Any:
+    """A Parallel, one branch at a time: a flaky tool that backs off (so it finishes last, after
+    the run parked for its backoff), an AT_MOST_ONCE charge and a model call; then a send of
+    what the model said."""
+    value, paid, plan = yield Parallel(
+        [
+            ToolCall("flaky", {"n": 2}),
+            ToolCall("charge", {"amount": 5}),
+            ModelCall("plan the fan-out"),
+        ],
+        max_concurrency=1,
+    )
+    sent = yield ToolCall("send", {"to": "ops", "body": plan["text"]})
+    return [value, paid, plan["text"], sent]
+
+
+SHIPPING = "negative.shipping"
+
+
+def shipping(ctx: Any, kind: str) -> Any:
+    """A child run: a lookup, then by ``kind`` nothing more (``now``), a timer (``later``: it
+    ends in a later pass than its parent's), a tool that always fails (``fails``: the child
+    fails), a ContinueAsNew as a ``now`` (``continues``: its chain's last run ends it), or a
+    child of its own (``nested``)."""
+    found = yield ToolCall("search", {"q": kind})
+    if kind == "later":
+        yield Sleep(seconds=60)
+    elif kind == "fails":
+        yield ToolCall("broken", {"why": kind})
+    elif kind == "continues":
+        yield ContinueAsNew({"kind": "now"})
+    elif kind == "nested":
+        found = [(yield ChildRun(SHIPPING, {"kind": "later"}))["found"]]
+    return {"kind": kind, "found": found[0]}
+
+
+def parent(ctx: Any, kinds: list[str]) -> Any:
+    """A ChildRun of ``negative.shipping`` for each kind, in turn; a failed child's error is
+    caught. Then a send."""
+    got = []
+    for kind in kinds:
+        try:
+            got.append((yield ChildRun(SHIPPING, {"kind": kind})))
+        except ChildRunFailed as failed:
+            got.append(f"failed: {failed.error_type}")
+    sent = yield ToolCall("send", {"to": "ops", "body": f"{len(got)} shipped"})
+    return [got, sent]
+
+
+def turns(
+    ctx: Any, turn: int = 1, last: int = 3, listen: bool = True, heard: tuple[Any, ...] = ()
+) -> Any:
+    """``last`` turns by ContinueAsNew, each a run with a charge of its own (a derived key: the
+    turn's run id in it). Listening, the first turn waits for ``go``, which comes with
+    ``later``; the first turn's ContinueAsNew hands ``later`` on, and the second's wait takes it
+    at once (without it, the wait times out)."""
+    if listen and turn == 1:
+        heard = ((yield WaitSignal("go")),)
+    elif listen and turn == 2:
+        later = yield WaitSignal("later", timeout=3600)
+        heard = (*heard, "nothing later" if later is TIMED_OUT else later)
+    paid = yield ToolCall("charge", {"amount": turn})
+    if turn < last:
+        yield ContinueAsNew({"turn": turn + 1, "last": last, "listen": listen, "heard": heard})
+    return {"heard": list(heard), "paid": paid, "turns": turn}
+
+
 WORKFLOWS: dict[str, Callable[..., Any]] = {
+    "negative.fan_out": fan_out,
+    "negative.parent": parent,
+    SHIPPING: shipping,
+    "negative.turns": turns,
     "negative.tools_only": tools_only,
     "negative.one_tool": one_tool,
     "negative.agent": agent,
@@ -308,6 +393,20 @@ ANSWERED = Scenario(
     {"to": "ops"},
     answers=(Answer(RUN_A, "answer", "yes", once_waiting_for="answer"),),
 )
+FAN = Scenario("parallel with a backoff", "negative.fan_out")
+CHILDREN = Scenario(
+    "four children", "negative.parent", {"kinds": ["now", "later", "fails", "continues"]}
+)
+NESTED = Scenario("a child with a child", "negative.parent", {"kinds": ["nested"]})
+TURNS = Scenario(
+    "three turns, a signal handed on",
+    "negative.turns",
+    answers=(
+        Answer(RUN_A, "later", "see you", once_waiting_for="go"),
+        Answer(RUN_A, "go", "go", once_waiting_for="go"),
+    ),
+)
+LOOP = Scenario("five quiet turns", "negative.turns", {"last": 5, "listen": False})
 CHARGE_POSITIONS_IN_TOOLS = (2, 4)
 """Which tool calls of ``tools_only`` are AT_MOST_ONCE."""
 
@@ -382,6 +481,71 @@ def signal_schedules() -> list[Schedule]:
     ]
 
 
+def parallel_order_schedules() -> list[Schedule]:
+    """No death, and deaths around the Parallel whose first branch finishes last: its backoff
+    scheduled, its last sibling committed, the Parallel's own commit, and on to the end."""
+    around_the_parallel = [
+        (crashpoints.AFTER_RETRY_SCHEDULED, 1),
+        (crashpoints.AFTER_STEP_COMMITTED, 2),
+        (crashpoints.AFTER_STEP_COMMITTED, 4),
+        (crashpoints.BEFORE_STEP_STARTED, 6),
+        (crashpoints.AFTER_TOOL_RETURNED, 4),
+        (crashpoints.BEFORE_RUN_COMPLETED, 1),
+    ]
+    return [Schedule(FAN, None), *(Schedule(FAN, point, n) for point, n in around_the_parallel)]
+
+
+def served_branch_schedules() -> list[Schedule]:
+    """No death (the Parallel is reached again after its backoff), and deaths once a branch has
+    committed, before the Parallel has: the charge, the model call, the backoff, the pass after
+    it taking the run, the flaky branch's retry."""
+    before_the_parallel_ends = [
+        (crashpoints.AFTER_RETRY_SCHEDULED, 1),
+        (crashpoints.AFTER_STEP_COMMITTED, 1),
+        (crashpoints.AFTER_STEP_COMMITTED, 2),
+        (crashpoints.AFTER_LEASE_TAKEN, 1),
+        (crashpoints.AFTER_STEP_COMMITTED, 3),
+    ]
+    return [Schedule(FAN, None), *(Schedule(FAN, p, n) for p, n in before_the_parallel_ends)]
+
+
+def split_note_schedules() -> list[Schedule]:
+    """The probe at every child's end: one that ends in its parent's pass, one that sleeps and
+    ends in a later one, one that fails, the last run of one that continued, and a child's and
+    its own child's."""
+    probe = broken.SPLIT_NOTE_GAP
+    return [
+        *(Schedule(CHILDREN, probe, n) for n in range(1, 5)),
+        *(Schedule(NESTED, probe, n) for n in range(1, 3)),
+    ]
+
+
+def split_continue_schedules() -> list[Schedule]:
+    """The probe at every ContinueAsNew: of a chain handing a signal on, of a longer one, and
+    of a child run."""
+    probe = broken.SPLIT_CONTINUE_GAP
+    return [
+        *(Schedule(TURNS, probe, n) for n in range(1, 3)),
+        *(Schedule(LOOP, probe, n) for n in range(1, 5)),
+        Schedule(CHILDREN, probe, 1),
+    ]
+
+
+def carried_signal_schedules() -> list[Schedule]:
+    """No death, and deaths around the signal handed on: the first turn parked, taken by the
+    tick its signals made due, its wait ended, its ContinueAsNew committed, the second turn at
+    its wait, and the end."""
+    around_the_hand_over = [
+        (crashpoints.AFTER_STEP_STARTED, 1),
+        (crashpoints.AFTER_LEASE_TAKEN, 1),
+        (crashpoints.AFTER_STEP_COMMITTED, 1),
+        (crashpoints.AFTER_STEP_COMMITTED, 3),
+        (crashpoints.BEFORE_STEP_STARTED, 4),
+        (crashpoints.BEFORE_RUN_COMPLETED, 1),
+    ]
+    return [Schedule(TURNS, None), *(Schedule(TURNS, p, n) for p, n in around_the_hand_over)]
+
+
 @dataclass(frozen=True)
 class Variant:
     name: str
@@ -440,6 +604,36 @@ BROKEN = (
         lambda _: signal_schedules(),
     ),
     Variant(
+        "parallel in completion order",
+        broken.ParallelInCompletionOrder,
+        "a Parallel's results are recorded in the order its branches finished",
+        lambda _: parallel_order_schedules(),
+    ),
+    Variant(
+        "re-runs served branches",
+        broken.RerunsServedBranches,
+        "a Parallel reached again runs its finished branches again",
+        lambda _: served_branch_schedules(),
+    ),
+    Variant(
+        "split, parent note",
+        broken.SplitParentNote,
+        "a child run's end and its parent's record of it in two transactions",
+        lambda _: split_note_schedules(),
+    ),
+    Variant(
+        "split, continuation",
+        broken.SplitContinuation,
+        "a ContinueAsNew creates the next run and ends its own in two transactions",
+        lambda _: split_continue_schedules(),
+    ),
+    Variant(
+        "forgets carried signals",
+        broken.ForgetsCarriedSignals,
+        "a ContinueAsNew leaves the signals no wait took behind",
+        lambda _: carried_signal_schedules(),
+    ),
+    Variant(
         "duplicates effects",
         broken.DuplicatesEffects,
         "every tool is called twice",
@@ -449,13 +643,20 @@ BROKEN = (
 CONTROL_NAME = "durabl.Runtime (control)"
 
 
+SPLIT_EFFECT_PROBES = (broken.SPLIT_EFFECT_FIRST_GAP, broken.SPLIT_COMPLETION_FIRST_GAP)
+
+
 def control_schedules(bench: Bench) -> list[Schedule]:
-    """The union of every broken runtime's schedules, probes replaced by the nearest real points."""
+    """The union of every broken runtime's schedules, probes replaced by the nearest real
+    points: for the split effect runtimes, ``NEAREST_REAL``; for the others, the real points
+    their runtime passes just before and just after the probe (``Bench.around``)."""
     found: dict[Schedule, None] = {}
     for variant in BROKEN:
         for schedule in variant.schedules(bench):
-            if schedule.point in broken.PROBES:
+            if schedule.point in SPLIT_EFFECT_PROBES:
                 found.update({replace(schedule, point=p): None for p in NEAREST_REAL})
+            elif schedule.point in broken.PROBES:
+                found.update(dict.fromkeys(bench.around(variant.runtime, schedule)))
             else:
                 found[schedule] = None
     return list(found)
@@ -540,9 +741,17 @@ Progress = Callable[[str, int, int, str], None]
 # -- the runner --------------------------------------------------------------------------------
 
 
-def ledger(world: World) -> Counter[tuple[str, str]]:
-    """The effects the outside world has seen, by (tool, idempotency key)."""
-    return Counter((r["tool"], r["key"]) for r in world.outbox.records())
+def ledger(world: World, db: Path) -> Counter[tuple[str, str]]:
+    """The effects the outside world has seen, by (tool, idempotency key); a derived key names
+    its run as ``run_names`` does (the runs a ContinueAsNew makes have new ids each time)."""
+    names = sorted(run_names(Snapshot(db)).items(), key=lambda item: -len(item[0]))
+
+    def named(key: str) -> str:
+        for run_id, name in names:
+            key = key.replace(run_id, name)
+        return key
+
+    return Counter((r["tool"], named(r["key"])) for r in world.outbox.records())
 
 
 def last_started_tool(db: Path, run_id: str) -> str | None:
@@ -555,8 +764,20 @@ def last_started_tool(db: Path, run_id: str) -> str | None:
 
 
 def drive(rt: Runtime, clock: Clock, scenario: Scenario, run_id: str) -> RunState:
-    """``drive_to_rest``, sending the scenario's signals as their moments come."""
-    return drive_to_rest(rt, clock, run_id, answer=lambda: send_answers(rt, scenario.answers))
+    """``drive_to_rest``, sending the scenario's signals as their moments come. A run that
+    continued as another ends as the last run of its chain: that run's state, named
+    ``run_id``."""
+    state = drive_to_rest(rt, clock, run_id, answer=lambda: send_answers(rt, scenario.answers))
+    return replace(state, run_id=run_id)
+
+
+def start_and_drive(
+    rt: Runtime, clock: Clock, scenario: Scenario, inp: dict[str, Any] | None, run_id: str
+) -> RunState:
+    """Start the scenario's run ``run_id`` and ``drive`` it. (Not by the id ``start`` returns:
+    that is the id of the run a ContinueAsNew chain has got to by the time it returns.)"""
+    rt.start(scenario.workflow, inp, run_id=run_id)
+    return drive(rt, clock, scenario, run_id)
 
 
 def operate(rt: Runtime, world: World, db: Path) -> None:
@@ -581,6 +802,7 @@ class Bench:
         self.scratch = scratch
         self._serial = 0
         self._references: dict[Scenario, Reference] = {}
+        self._around: dict[tuple[type[Runtime], Schedule], list[Schedule]] = {}
 
     # -- building blocks ---------------------------------------------------------------------
 
@@ -626,14 +848,13 @@ class Bench:
                 with self._runtime(Runtime, db, world, clock) as rt:
                     inp = self._input(scenario, folder)
                     states = [
-                        drive(rt, clock, scenario, rt.start(scenario.workflow, inp, run_id=run))
-                        for run in scenario.runs
+                        start_and_drive(rt, clock, scenario, inp, run) for run in scenario.runs
                     ]
             finally:
                 remove()
             assert all(s.status == "COMPLETED" for s in states), states
             results = {s.run_id: codec.encode(s.result) for s in states}
-            self._references[scenario] = Reference(results, ledger(world), points)
+            self._references[scenario] = Reference(results, ledger(world, db), points)
         return self._references[scenario]
 
     def every_point(self, scenario: Scenario) -> list[Schedule]:
@@ -643,6 +864,37 @@ class Bench:
             Schedule(scenario, point, n)
             for point in crashpoints.ALL
             for n in range(1, points[point] + 1)
+        ]
+
+    def around(self, cls: type[Runtime], schedule: Schedule) -> list[Schedule]:
+        """The real points ``cls``, uncrashed, passes just before and just after the
+        schedule's probe (at their occurrence then): where the real runtime, which passes the
+        same real points in the same order, dies in its place."""
+        if (cls, schedule) not in self._around:
+            self._around[cls, schedule] = self._points_around(cls, schedule)
+        return self._around[cls, schedule]
+
+    def _points_around(self, cls: type[Runtime], schedule: Schedule) -> list[Schedule]:
+        sequence: list[str] = []
+        remove = crashpoints.install(sequence.append)
+        try:
+            folder = self._folder()
+            db, world, clock = folder / "durabl.db", World(folder), Clock()
+            with self._runtime(cls, db, world, clock) as rt:
+                scenario = schedule.scenario
+                inp = self._input(scenario, folder)
+                for run in scenario.runs:
+                    start_and_drive(rt, clock, scenario, inp, run)
+        finally:
+            remove()
+        probes = [i for i, point in enumerate(sequence) if point == schedule.point]
+        at = probes[schedule.occurrence - 1]
+        real = [(i, p) for i, p in enumerate(sequence) if p in crashpoints.ALL]
+        before = [(i, p) for i, p in real if i < at][-1:]
+        after = [(i, p) for i, p in real if i > at][:1]
+        return [
+            replace(schedule, point=p, occurrence=sum(1 for j, q in real if q == p and j <= i))
+            for i, p in (*before, *after)
         ]
 
     # -- one schedule --------------------------------------------------------------------------
@@ -668,7 +920,7 @@ class Bench:
                     handle.write("a newer letter\n")
             if scenario.second_run:
                 with runtime() as rt:
-                    drive(rt, clock, scenario, rt.start(scenario.workflow, inp, run_id=RUN_B))
+                    start_and_drive(rt, clock, scenario, inp, RUN_B)
             if scenario.expects_nondeterminism:
                 self._resume_expecting_nondeterminism(runtime, db, scenario, outcome)
             if expected is not None:
@@ -684,7 +936,11 @@ class Bench:
             assert_effects_match_log(db)
         with outcome.judged_by(SIGNALS):
             assert_signals_delivered_once(Snapshot(db))
-        seen = ledger(world)
+        with outcome.judged_by(LINKED):
+            assert_runs_linked(Snapshot(db))
+        with outcome.judged_by(IN_ORDER):
+            assert_parallels_in_order(Snapshot(db))
+        seen = ledger(world, db)
         with outcome.judged_by(DUPLICATE):
             twice = {effect: n for effect, n in seen.items() if n > 1}
             assert not twice, f"the world saw these effects more than once: {twice}"
@@ -715,8 +971,7 @@ class Bench:
         )
         with death, runtime() as rt:
             try:
-                run_id = rt.start(schedule.scenario.workflow, inp, run_id=RUN_A)
-                drive(rt, clock, schedule.scenario, run_id)
+                start_and_drive(rt, clock, schedule.scenario, inp, RUN_A)
             except ProcessDeath as died:
                 assert died.point == schedule.point
                 outcome.died = True
@@ -727,6 +982,10 @@ class Bench:
             assert_effects_match_log(db)
         with outcome.judged_by(SIGNALS):
             assert_signals_delivered_once(Snapshot(db))
+        with outcome.judged_by(LINKED):
+            assert_runs_linked(Snapshot(db))
+        with outcome.judged_by(IN_ORDER):
+            assert_parallels_in_order(Snapshot(db))
         with outcome.judged_by(GAPLESS):
             assert_gapless(db)
         tool = last_started_tool(db, RUN_A)
@@ -819,7 +1078,7 @@ class Bench:
             with self._runtime(cls, db, world, clock) as rt:
                 inp = self._input(scenario, folder)
                 for run in scenario.runs:
-                    drive(rt, clock, scenario, rt.start(scenario.workflow, inp, run_id=run))
+                    start_and_drive(rt, clock, scenario, inp, run)
         finally:
             remove()
         return seen, torn

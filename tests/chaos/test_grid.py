@@ -6,11 +6,15 @@ every point) while recovering from each first death at occurrence 1, in-process;
 SIGKILL, the same first deaths and the second deaths after a death in a tool's window or beside a
 timer. ``DURABL_CHAOS=full`` (``make chaos``) runs the full grid (``grid.FULL``).
 
-The grid runs once per session (a module fixture); each test states one property of it.
+The grid runs once per session (a module fixture); each test states one property of it. The
+workflows built on Parallel, ChildRun and ContinueAsNew die at every point in both modes, and end
+with the runs (and the links between them) their uncrashed run made; the Parallel's twin whose
+branches run at once is killed at every occurrence of every point on its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -21,15 +25,15 @@ from pathlib import Path
 import pytest
 
 from chaos import grid
-from chaos.corpus import CORPUS, SPECS, Spec
+from chaos.corpus import AT_ONCE, CORPUS, SPECS, Spec
 from chaos.lives import MODES, Death, SharedClock, live_in_process
 from durabl import crashpoints
-from oracles.support import Snapshot
+from oracles.support import Database, Snapshot, copy_database
 
 CHAOS = os.environ.get("DURABL_CHAOS", "sample")
 SHAPES = {"sample": grid.SAMPLE, "full": grid.FULL}
 MINIMUM = {
-    "sample": {"in-process": 1200, "sigkill": 350},
+    "sample": {"in-process": 2600, "sigkill": 760},
     "full": {"in-process": 14_000, "sigkill": 1500},
 }
 """Counted scenarios per mode: the grid must not silently shrink."""
@@ -70,6 +74,21 @@ BESIDE_A_WAIT = {
 }
 """The instants of ``chaos.signal`` that ``wait_instants`` finds."""
 PARKS = (crashpoints.AFTER_TIMER_ARMED, crashpoints.AFTER_STEP_STARTED)
+FAMILIES = {
+    "chaos.child": {"child-1": None, "child-1-2": ["child-1", 2]},
+    "chaos.continue": {"continue-1": None, "continue-1~2": None, "continue-1~3": None},
+}
+"""The runs each of these workflows ends with, and the parent step each names."""
+CHAIN = {"continue-1": None, "continue-1~2": "continue-1", "continue-1~3": "continue-1~2"}
+"""The run each run of ``chaos.continue`` continued."""
+HANDED_ON = {
+    "continue-1": [[1, "next", 4], [2, "go", 1]],
+    "continue-1~2": [[1, "next", 1]],
+    "continue-1~3": [],
+}
+"""Which step took each signal of ``chaos.continue``'s runs: ``next``, sent with ``go`` to the
+first turn, is marked delivered to its ContinueAsNew (step 4), which hands it to the second
+turn, whose wait (step 1) takes it."""
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +154,9 @@ def test_the_operator_had_work_and_shared_keys_were_contended(tally: grid.Tally)
         "chaos.shared",
         "chaos.long",
         "chaos.mixed",
+        "chaos.parallel",  # a branch of a Parallel: its siblings settle, the run is held
+        "chaos.child",  # the child: its parent waits on it
+        "chaos.continue",  # a run a ContinueAsNew made
     }
     assert any(v.workflow == "chaos.shared" and v.dead_letters == 2 for v in letters)
 
@@ -264,5 +286,99 @@ def test_a_death_beside_each_wait_of_the_signal_workflow_changes_nothing(mode: s
             for plan in around:
                 twice = grid.run_scenario(scratch, mode, spec, plan, ref)
                 assert twice.counted and not twice.failures, (twice.label, twice.failures)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+@pytest.mark.parametrize("workflow", ["chaos.parallel", "chaos.child", "chaos.continue"])
+def test_the_new_step_kinds_die_at_every_point_in_both_modes(
+    tally: grid.Tally, workflow: str
+) -> None:
+    """Each of the workflows built on Parallel, ChildRun and ContinueAsNew reaches every crash
+    point (a dead letter's only in a recovery, as everywhere), and the grid killed it at every
+    one, as a first or a later death, in-process and under SIGKILL."""
+    verdicts = [v for v in tally.counted() if v.workflow == workflow]
+    for mode in MODES:
+        died = {death.point for v in verdicts if v.mode == mode for death in v.plan}
+        assert died == set(crashpoints.ALL), (mode, sorted(set(crashpoints.ALL) - died))
+        first = {v.plan[0].point for v in verdicts if v.mode == mode}
+        assert first == set(crashpoints.ALL) - {crashpoints.AFTER_DEAD_LETTERED}, mode
+
+
+def test_child_runs_and_chains_end_with_the_runs_the_uncrashed_one_made(
+    tally: grid.Tally,
+) -> None:
+    """The final state names every run of the database and where it came from, so a child
+    started twice, a chain continued twice, a lost link or a signal handed on wrongly is a
+    divergence; here, directly: every counted scenario of ``chaos.child`` ends with the parent
+    and one child naming the parent's step 2, and every one of ``chaos.continue`` with one
+    chain of three runs, each continuing the one before, the signal ``next`` handed on."""
+    for workflow, family in FAMILIES.items():
+        verdicts = [v for v in tally.counted() if v.workflow == workflow]
+        assert {v.mode for v in verdicts} == set(MODES)
+        for v in verdicts:
+            runs = v.final["runs"]
+            assert {name: run["parent"] for name, run in runs.items()} == family, v.label
+    for v in (v for v in tally.counted() if v.workflow == "chaos.continue"):
+        runs = v.final["runs"]
+        assert {name: run["continued_from"] for name, run in runs.items()} == CHAIN, v.label
+        assert {name: run["signals"] for name, run in runs.items()} == HANDED_ON, v.label
+        assert [runs[name]["status"] for name in CHAIN] == ["CONTINUED", "CONTINUED", "COMPLETED"]
+
+
+@contextlib.contextmanager
+def kept(folder: Path, into: Path) -> Iterator[Database]:
+    """A scenario's database in its folder, copied to ``into`` once the scenario is done."""
+    db = folder / "durabl.db"
+    try:
+        yield db
+    finally:
+        copy_database(db, into)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_death_in_a_branch_window_lets_its_siblings_settle_before_it(mode: str) -> None:
+    """The grid kills ``chaos.parallel`` inside its charge's window (the first branch); the
+    recovery dead-letters the charge and settles the other two branches all the same (the
+    send; the model call, which backs off), and only then does the operator's redrive finish
+    the charge: the branches finish out of the order given, and the Parallel, recorded once
+    all of them have, lists them in it (the grid's oracles, and the reference's result)."""
+    spec = SPECS["chaos.parallel"]
+    scratch = grid.scratch_dir()
+    try:
+        ref = grid.reference(scratch, spec)
+        kept_db = scratch / "kept.db"
+        plan = (Death(crashpoints.AFTER_TOOL_DISPATCHED, 1),)
+        v = grid.run_scenario(scratch, mode, spec, plan, ref, lambda folder: kept(folder, kept_db))
+        assert v.counted and not v.failures and v.dead_letters == 1, (v.label, v.failures)
+        assert v.final == ref.final
+        rows = Snapshot(kept_db).events["parallel-1"]
+        done = {step: seq for seq, kind, step, *_ in rows if kind == "STEP_COMPLETED"}
+        lettered = [step for _seq, kind, step, *_ in rows if kind == "DEAD_LETTERED"]
+        assert lettered == [3]  # the charge, the Parallel's first branch (at 2)
+        assert done[4] < done[3]  # the second branch finished before the first
+        assert max(done[3], done[4], done[5]) < done[2]
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_parallel_whose_branches_run_at_once_survives_a_death_at_every_point(
+    mode: str,
+) -> None:
+    """``chaos.parallel`` with its branches at once (``chaos.parallel.at_once``), killed at
+    every occurrence of every point its uncrashed run reaches. Which branch reaches a point
+    first is the threads' affair, so a plan does not name the same instant in every process or
+    both modes, and the grid's agreement between modes cannot hold; every other oracle must,
+    and the final state must be the reference's, whichever branch died."""
+    scratch = grid.scratch_dir()
+    try:
+        ref = grid.reference(scratch, AT_ONCE)
+        plans, never = grid.first_deaths(ref, grid.Shape())
+        assert never == [crashpoints.AFTER_DEAD_LETTERED]
+        for plan in plans:
+            v = grid.run_scenario(scratch, mode, AT_ONCE, plan, ref)
+            assert v.counted and not v.failures, (v.label, v.failures)
+            assert v.final == ref.final, v.label
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -11,7 +11,11 @@ contending for the same explicit keys, with timers (``shared``); model and tool 
 timers and caught failures (``retrying``); derived and explicit keys on AT_MOST_ONCE tools, one
 asked for twice (``payment``); a timer, a charge and a ctx value together (``mixed``); and waits
 for signals sent before and after the run reaches them, one timing out (``signal``, in-process:
-the signals table's deliveries and the log checked after every death). Between them, every
+the signals table's deliveries and the log checked after every death); a Parallel of both tool
+modes and a model call (``parallel``), a child run and its end recorded in its parent's log by
+the commit that ends it (``child``), and a chain of ContinueAsNew runs, each created in the
+commit that ends the one before and handed its signals there (``continue``, in-process and,
+as runs created under a lease the killed client held, under SIGKILL). Between them, every
 crash point is a death somewhere in the sample.
 
 The uncrashed reference runs themselves must be the same on both backends.
@@ -33,12 +37,21 @@ from chaos.corpus import SPECS
 from chaos.lives import Death
 from durabl import crashpoints
 
-IN_PROCESS = ("chaos.shared", "chaos.retrying", "chaos.payment", "chaos.mixed", "chaos.signal")
-SIGKILL = ("chaos.shared", "chaos.mixed")
+IN_PROCESS = (
+    "chaos.shared",
+    "chaos.retrying",
+    "chaos.payment",
+    "chaos.mixed",
+    "chaos.signal",
+    "chaos.parallel",
+    "chaos.child",
+    "chaos.continue",
+)
+SIGKILL = ("chaos.shared", "chaos.mixed", "chaos.continue")
 AGAIN_IN = "chaos.shared"
 AGAIN_AFTER = Death(crashpoints.AFTER_TOOL_DISPATCHED, 1)
 """The first death, in ``AGAIN_IN``, that a second death follows at every point."""
-MINIMUM = 110
+MINIMUM = 200
 """Counted scenarios: the sample must not silently shrink."""
 
 

@@ -25,15 +25,24 @@ from .negative_control import (
     ANSWERED,
     AT_REST,
     BROKEN,
+    CHILDREN,
     CONTROL,
+    DUPLICATE,
+    FAN,
     FINAL,
     GUARD_OUT,
+    IN_ORDER,
+    LINKED,
+    LOOP,
+    NESTED,
     SHARED,
     SIGNALS,
     TOOLS,
     TORN,
+    TURNS,
     WINDOW,
     Bench,
+    Schedule,
     Variant,
     control_schedules,
     patch_schedules,
@@ -43,6 +52,12 @@ SPLIT = {
     broken.SplitEffectFirst: broken.SPLIT_EFFECT_FIRST_GAP,
     broken.SplitCompletionFirst: broken.SPLIT_COMPLETION_FIRST_GAP,
 }
+SPLIT_LINKS = {
+    broken.SplitParentNote: broken.SPLIT_NOTE_GAP,
+    broken.SplitContinuation: broken.SPLIT_CONTINUE_GAP,
+}
+"""The split runtimes of ChildRun and ContinueAsNew: a link between two runs made in two
+transactions."""
 MIN_SCHEDULES = 6
 """No broken runtime may be judged on fewer schedules than this."""
 TOOL_STEP_POINTS = {
@@ -180,3 +195,103 @@ def test_a_signal_taken_without_being_marked_delivered_is_taken_again(bench: Ben
     assert [o.schedule for o in real.outcomes] == [o.schedule for o in caught.outcomes]
     assert all(not o.flagged for o in real.outcomes)
     assert all(o.died for o in real.outcomes if o.schedule.point is not None)
+
+
+def variant_of(cls: type[Runtime]) -> Variant:
+    [variant] = [v for v in BROKEN if v.runtime is cls]
+    return variant
+
+
+def test_a_parallel_recorded_in_completion_order_shows_in_its_log(bench: Bench) -> None:
+    """The Parallel's first branch backs off and finishes last, so the broken runtime records
+    the results shuffled. The pass that ran the branches hands the workflow the right list:
+    when nothing serves the Parallel from the log after (no death, or a death before its
+    commit) the run's result is right, and only the Parallel's record in the log shows the bug;
+    a death after the commit makes the recovery serve the shuffled list, and the result goes
+    wrong. The real runtime, on the same schedules, records the order given."""
+    variant = variant_of(broken.ParallelInCompletionOrder)
+    caught = bench.run_variant(variant)
+    assert all(IN_ORDER in o.flags for o in caught.outcomes)
+    only_the_log = [o.schedule.label for o in caught.outcomes if set(o.flags) == {IN_ORDER}]
+    assert f"{FAN.name} x no crash" in only_the_log
+    served_after = [
+        o for o in caught.outcomes if o.schedule.point == crashpoints.BEFORE_RUN_COMPLETED
+    ]
+    assert served_after and all(FINAL in o.flags for o in served_after)
+
+    real = bench.run_variant(replace(variant, runtime=Runtime))
+    assert all(not o.flagged for o in real.outcomes)
+    assert all(o.died for o in real.outcomes if o.schedule.point is not None)
+
+
+def test_a_parallel_that_runs_its_finished_branches_again_charges_twice(bench: Bench) -> None:
+    """The run parks on the flaky branch's backoff after the charge and the model call have
+    finished; the broken runtime, reaching the Parallel again, runs them again: the world sees
+    the AT_MOST_ONCE charge twice (or, after a death, more)."""
+    caught = bench.run_variant(variant_of(broken.RerunsServedBranches))
+    assert all(o.flagged for o in caught.outcomes)
+    twice = [o for o in caught.outcomes if DUPLICATE in o.flags]
+    assert len(twice) >= len(caught.outcomes) - 1
+    assert all("charge" in o.flags[DUPLICATE] for o in twice)
+
+
+@pytest.mark.parametrize("cls", list(SPLIT_LINKS), ids=lambda cls: cls.__name__)
+def test_a_link_between_runs_made_in_two_transactions_shows_only_with_a_death_between(
+    bench: Bench, cls: type[Runtime]
+) -> None:
+    """A child's end and its parent's record of it, or the next run of a chain and the end of
+    the run that continued, are one commit in the real runtime. The split runtimes die in their
+    own gap on every schedule, and the links oracle sees the half-made link on the file the
+    dead process left (a child that ended unheard of, or a run that continues one still
+    running); with no death there, the same runtimes finish every scenario unflagged."""
+    variant = variant_of(cls)
+    caught = bench.run_variant(variant)
+    assert {o.schedule.point for o in caught.outcomes} == {SPLIT_LINKS[cls]}
+    assert all(o.died and LINKED in o.flags for o in caught.outcomes)
+
+    scenarios = {o.schedule.scenario for o in caught.outcomes}
+    no_death = replace(variant, schedules=lambda _: [Schedule(s, None) for s in scenarios])
+    missed = bench.run_variant(no_death)
+    assert len(missed.outcomes) == len(scenarios) >= 2
+    assert all(not o.flagged for o in missed.outcomes)
+
+
+def test_the_real_runtime_dies_around_each_link_at_the_real_points_beside_it(
+    bench: Bench,
+) -> None:
+    """In place of a split runtime's probe, the real runtime dies at the real points the split
+    runtime passes just before and just after it: the child's last point before its end and
+    the parent's first after it; the ContinueAsNew's BEFORE_STEP_STARTED and its
+    AFTER_STEP_COMMITTED (one commit between them in the real runtime)."""
+    note = bench.around(broken.SplitParentNote, Schedule(CHILDREN, broken.SPLIT_NOTE_GAP, 1))
+    assert [(s.point, s.occurrence) for s in note] == [
+        (crashpoints.BEFORE_RUN_COMPLETED, 1),
+        (crashpoints.BEFORE_STEP_STARTED, 3),
+    ]
+    for scenario, n in ((TURNS, 1), (LOOP, 3), (CHILDREN, 1)):
+        schedule = Schedule(scenario, broken.SPLIT_CONTINUE_GAP, n)
+        points = [s.point for s in bench.around(broken.SplitContinuation, schedule)]
+        assert points == [crashpoints.BEFORE_STEP_STARTED, crashpoints.AFTER_STEP_COMMITTED]
+    control = set(control_schedules(bench))
+    for variant in BROKEN:
+        for schedule in variant.schedules(bench):
+            if variant.runtime in SPLIT_LINKS:
+                around = bench.around(variant.runtime, schedule)
+                assert len(around) == 2 and {s.point for s in around} <= set(crashpoints.ALL)
+                assert set(around) <= control, schedule.label
+    assert NESTED in {s.scenario for s in control}
+
+
+def test_signals_left_behind_by_a_continuation_are_never_taken(bench: Bench) -> None:
+    """The broken runtime continues without handing ``later`` on: the first run is CONTINUED
+    with a signal pending, which the signals oracle refuses, and the second turn's wait times
+    out, so the result differs from the reference's; the real runtime hands it on."""
+    variant = variant_of(broken.ForgetsCarriedSignals)
+    caught = bench.run_variant(variant)
+    assert all(set(o.flags) == {SIGNALS, FINAL} for o in caught.outcomes), [
+        (o.schedule.label, sorted(o.flags)) for o in caught.outcomes
+    ]
+    assert '"heard":["go","see you"]' in bench.reference(TURNS).results["A"]
+
+    real = bench.run_variant(replace(variant, runtime=Runtime))
+    assert all(not o.flagged for o in real.outcomes)

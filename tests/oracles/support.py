@@ -368,6 +368,19 @@ def crash(point: str, occurrence: int, action: Callable[[], Any]) -> bool:
     return hook.fired
 
 
+def chain_of(store: Any, run_id: str) -> list[str]:
+    """``run_id`` and the runs its ContinueAsNew chain went on as, in order, as ``store`` (a
+    durabl store) has them now ([] if there is no such run)."""
+    chain = []
+    row = store.get_run(run_id)
+    while row is not None:
+        chain.append(row.run_id)
+        if row.status != "CONTINUED" or row.result_text is None:
+            break
+        row = store.get_run(json.loads(row.result_text)["continued_as"])
+    return chain
+
+
 def drive_to_rest(
     rt: Runtime,
     clock: Clock,
@@ -377,13 +390,15 @@ def drive_to_rest(
     answer: Callable[[], Any] | None = None,
 ) -> RunState:
     """resume_all + tick, moving the clock on, until the run stops (or is dead-lettered).
-    ``answer``: called each time before the clock moves (whoever sends the run's signals)."""
+    ``answer``: called each time before the clock moves (whoever sends the run's signals).
+    A run that continued as another (ContinueAsNew) is followed: the state returned is that
+    of the run its chain has got to."""
     for _ in range(limit):
-        state = rt.state(run_id)
+        state = rt.state(chain_of(rt.store, run_id)[-1])
         if state.status in STOPPED:
             return state
         rt.resume_all()
-        state = rt.state(run_id)
+        state = rt.state(chain_of(rt.store, run_id)[-1])
         if state.status in STOPPED:
             return state
         if answer is not None:
@@ -403,6 +418,7 @@ __all__ = [
     "assert_effects_match_log",
     "assert_gapless",
     "assert_timers_once",
+    "chain_of",
     "claim_rows",
     "connect",
     "crash",
@@ -606,10 +622,27 @@ def assert_signals_delivered_once(snap: Snapshot) -> None:
       with the payload the wait returned, and that signal is marked delivered to that wait;
     - a signal marked delivered is recorded by the completion of the wait it names;
     - no signal is taken by two waits, and the signals of one name are taken in the order sent
-      (none is left pending while a later one of its name was taken).
+      (none is left pending while a later one of its name was taken);
+    - a run's ContinueAsNew hands the signals no wait took to the run it goes on as (the
+      commit that continues it): a CONTINUED run has none pending, those marked delivered to
+      its ContinueAsNew are the first signals of the next run, in the order sent, with their
+      names, payloads and times, and a run that has not continued has none marked so.
     """
     for run_id, sent in snap.signals.items():
         waits = snap.waits(run_id)
+        carried = [row for row in sent if row[4] in started_steps(snap, run_id, "continue")]
+        if snap.runs[run_id][1] == "CONTINUED":
+            pending = [row for row in sent if row[4] is None]
+            assert not pending, f"run {run_id} continued, leaving signals pending: {pending}"
+            after = json.loads(snap.runs[run_id][2])["continued_as"]
+            handed = snap.signals.get(after, [])[: len(carried)]
+            assert [row[1:4] for row in handed] == [row[1:4] for row in carried], (
+                f"run {run_id} continued as {after} with the signals {carried} no wait took; "
+                f"{after} holds {snap.signals.get(after)}"
+            )
+        else:
+            assert not carried, f"run {run_id} has not continued, but handed on {carried}"
+        sent = [row for row in sent if row not in carried]
         rows = {signal_id: (name, payload, step) for signal_id, name, payload, _s, step in sent}
         taken: dict[int, int] = {}
         for _seq, kind, step, _fp, data, _at in snap.events.get(run_id, []):
@@ -640,6 +673,217 @@ def assert_signals_delivered_once(snap: Snapshot) -> None:
             )
 
 
+def run_started(snap: Snapshot, run_id: str) -> dict[str, Any]:
+    """What the run's RUN_STARTED says (its workflow, input, and the run it continued or the
+    parent step that started it), or {} for a log that does not begin with one."""
+    rows = snap.events.get(run_id) or []
+    if not rows or rows[0][1] != "RUN_STARTED":
+        return {}
+    return dict(json.loads(rows[0][4] or "{}"))
+
+
+def started_steps(snap: Snapshot, run_id: str, kind: str) -> dict[int, list[Any]]:
+    """Position -> the decoded canonical text, for every step of ``kind`` ("child",
+    "continue", "parallel", ...) the run's log started."""
+    found: dict[int, list[Any]] = {}
+    for _seq, event, step, _fp, data, _at in snap.events.get(run_id, []):
+        if event == "STEP_STARTED" and (data or "").startswith(f'["{kind}"'):
+            found.setdefault(step, json.loads(data))
+    return found
+
+
+def assert_parallels_in_order(snap: Snapshot) -> None:
+    """Each ``Parallel`` of N branches at position P, as its log records it at whatever instant
+    a process died: its STEP_STARTED comes before anything of its branches, which are the steps
+    it names, in the order given, at P+1..P+N; and its outcome, once recorded, comes after
+    every branch's and is theirs: a completion holds the branches' recorded results as a list
+    in the order given (whatever order they finished in), a failure is the failure of the
+    first branch, in the order given, that failed."""
+    for run_id in snap.runs:
+        for position, canonical in started_steps(snap, run_id, "parallel").items():
+            branches = canonical[1]
+            where = f"run {run_id} Parallel at step {position}"
+            opened = snap.at_step(run_id, position)[0][0]
+            ends: list[tuple[Any, ...] | None] = []
+            for index, branch in enumerate(branches):
+                rows = snap.at_step(run_id, position + 1 + index)
+                assert all(row[0] > opened for row in rows), (
+                    f"{where}: branch {index} wrote before the Parallel began"
+                )
+                starts = [row for row in rows if row[1] == "STEP_STARTED"]
+                assert all(json.loads(row[4]) == branch for row in starts), (
+                    f"{where}: step {position + 1 + index} is not its branch {index}"
+                )
+                done = [row for row in rows if row[1] in ("STEP_COMPLETED", "STEP_FAILED")]
+                ends.append(done[-1] if done else None)
+            outcomes = [
+                row
+                for row in snap.at_step(run_id, position)
+                if row[1] in ("STEP_COMPLETED", "STEP_FAILED")
+            ]
+            if not outcomes:
+                continue
+            [(seq, kind, _step, _fp, data, _at)] = outcomes
+            if kind == "STEP_COMPLETED":
+                assert all(end is not None and end[1] == "STEP_COMPLETED" for end in ends), (
+                    f"{where} completed, but its branches ended {ends}"
+                )
+                expected = "[" + ",".join(end[4] or "null" for end in ends if end) + "]"
+                assert data == expected, (
+                    f"{where} recorded {data}; its branches, in the order given, {expected}"
+                )
+            else:
+                failed = [end for end in ends if end is not None and end[1] == "STEP_FAILED"]
+                assert failed and data == failed[0][4], (
+                    f"{where} failed with {data}; its first failed branch: {failed[:1]}"
+                )
+            late = [end for end in ends if end is not None and end[0] > seq]
+            assert not late, f"{where} recorded its outcome before its branches ended: {late}"
+
+
+def run_names(snap: Snapshot) -> dict[str, str]:
+    """A name for every run that is the same in every scenario of a workflow: its own id for a
+    run the test started, ``<first>~<n>`` for the n-th run of a ContinueAsNew chain (whose id
+    is new each time), and a child's derived id with its parent's id replaced by the parent's
+    name."""
+    names: dict[str, str] = {}
+
+    def name(run_id: str) -> str:
+        if run_id not in names:
+            data = run_started(snap, run_id)
+            before, parent = data.get("continued_from"), data.get("parent")
+            names[run_id] = run_id  # a placeholder, should the links loop
+            if before is not None and before in snap.runs:
+                first, _, n = name(before).partition("~")
+                names[run_id] = f"{first}~{int(n or 1) + 1}"
+            elif parent is not None and run_id.startswith(parent["run_id"]):
+                names[run_id] = name(parent["run_id"]) + run_id[len(parent["run_id"]) :]
+        return names[run_id]
+
+    for run_id in snap.runs:
+        name(run_id)
+    return names
+
+
+RUN_ENDS = ("RUN_COMPLETED", "RUN_FAILED", "RUN_CANCELLED")
+
+
+def chain_end(snap: Snapshot, run_id: str) -> tuple[str, tuple[Any, ...] | None]:
+    """The last run of the ContinueAsNew chain ``run_id`` begins, and its end event (kind,
+    data), if it has ended other than by continuing."""
+    seen = {run_id}
+    while True:
+        status, result = snap.runs[run_id][1], snap.runs[run_id][2]
+        if status != "CONTINUED":
+            break
+        run_id = json.loads(result)["continued_as"]
+        assert run_id not in seen, f"the chain through {run_id} loops"
+        seen.add(run_id)
+    ends = [(e[1], e[4]) for e in snap.events.get(run_id, []) if e[1] in RUN_ENDS]
+    return run_id, (ends[-1] if ends else None)
+
+
+def assert_runs_linked(snap: Snapshot) -> None:
+    """Child runs and ContinueAsNew chains, as the database links them, at whatever instant a
+    process died (each link is made by one transaction, so none is ever half made):
+
+    - a run whose RUN_STARTED names a parent step belongs to it: the parent's log started a
+      ChildRun there, of this workflow and input and naming this run's id, or this run is the
+      continuation of one that does (a chain keeps its parent); every ChildRun a log started
+      has its child, and no parent step has two;
+    - a child chain that has ended has its end recorded at its parent's step (the result as
+      the child returned it, or a failure naming the child), and a parent's step has an outcome
+      only once its child chain has ended;
+    - a CONTINUED run's log ends with RUN_CONTINUED and its ContinueAsNew's completion, both
+      naming the run it went on as, which exists, runs the same workflow with the input the
+      step gave, and names it in turn; no run is continued twice, and a run that names one it
+      continued names a CONTINUED one.
+    """
+    started = {run_id: run_started(snap, run_id) for run_id in snap.runs}
+    continued_by: dict[str, str] = {}
+    for run_id, data in started.items():
+        before = data.get("continued_from")
+        if before is None:
+            continue
+        assert before not in continued_by, (
+            f"run {before} is continued by two runs: {continued_by[before]} and {run_id}"
+        )
+        continued_by[before] = run_id
+        assert before in snap.runs, f"run {run_id} continues run {before}, which does not exist"
+        assert snap.runs[before][1] == "CONTINUED", (
+            f"run {run_id} continues run {before}, which is {snap.runs[before][1]}"
+        )
+        assert data["workflow"] == started[before].get("workflow"), (
+            f"run {run_id} continues run {before} of another workflow"
+        )
+    for run_id, (_, status, result, _error, _wake) in snap.runs.items():
+        rows = snap.events.get(run_id, [])
+        steps = started_steps(snap, run_id, "continue")
+        ended = [e for e in rows if e[1] == "RUN_CONTINUED"]
+        if status != "CONTINUED":
+            assert not ended, f"run {run_id} is {status} but its log holds RUN_CONTINUED"
+            continue
+        assert ended and rows[-1] == ended[-1], f"run {run_id} is CONTINUED; its log: {rows[-1]}"
+        after = json.loads(result)["continued_as"]
+        assert json.loads(ended[-1][4]) == {"run_id": after}, f"run {run_id}: {ended[-1]}"
+        assert continued_by.get(run_id) == after, f"run {run_id} continued as {after}, which " + (
+            "does not exist" if after not in snap.runs else "does not name it"
+        )
+        assert len(steps) == 1, f"run {run_id} is CONTINUED by {len(steps)} ContinueAsNew steps"
+        [(position, canonical)] = steps.items()
+        done = [e for e in snap.at_step(run_id, position) if e[1] == "STEP_COMPLETED"]
+        assert done and json.loads(done[-1][4]) == {"run_id": after}, (
+            f"run {run_id}'s ContinueAsNew at step {position} does not name {after}: {done}"
+        )
+        assert started[after]["input"] == canonical[1], (
+            f"run {after} started with {started[after]['input']}, its ContinueAsNew gave "
+            f"{canonical[1]}"
+        )
+    roots: dict[tuple[str, int], list[str]] = {}
+    for run_id, data in started.items():
+        parent = data.get("parent")
+        if parent is None:
+            continue
+        where = (parent["run_id"], parent["step"])
+        if "continued_from" in data:
+            before = started[data["continued_from"]].get("parent")
+            assert before == parent, f"run {run_id} names parent {parent}, its chain {before}"
+            continue
+        roots.setdefault(where, []).append(run_id)
+    for parent_id in snap.runs:
+        for step, canonical in started_steps(snap, parent_id, "child").items():
+            _kind, workflow, child_input, explicit = canonical
+            child = explicit if explicit is not None else f"{parent_id}-{step}"
+            found = roots.pop((parent_id, step), [])
+            assert found == [child], (
+                f"run {parent_id} step {step} started child {child}; runs naming that step as "
+                f"their parent: {found}"
+            )
+            assert started[child]["workflow"] == workflow, f"child {child}: {started[child]}"
+            assert started[child]["input"] == child_input, f"child {child}: {started[child]}"
+            last, end = chain_end(snap, child)
+            outcomes = [
+                e
+                for e in snap.at_step(parent_id, step)
+                if e[1] in ("STEP_COMPLETED", "STEP_FAILED")
+            ]
+            where = f"run {parent_id} step {step} (child {child}, ended by run {last})"
+            if end is None:
+                assert not outcomes, f"{where}: an outcome for a child not ended: {outcomes}"
+                continue
+            if snap.runs[parent_id][1] == "CANCELLED" and not outcomes:
+                continue
+            assert outcomes, f"{where}: the child ended ({end[0]}), the parent's log has no word"
+            kind, data = outcomes[-1][1], outcomes[-1][4]
+            if end[0] == "RUN_COMPLETED":
+                assert (kind, data) == ("STEP_COMPLETED", end[1]), f"{where}: {kind} {data}"
+            else:
+                assert kind == "STEP_FAILED" and json.loads(data).get("child") == last, (
+                    f"{where}: the child ended {end[0]}, the parent's log says {kind} {data}"
+                )
+    assert not roots, f"runs name parent steps that started no ChildRun: {roots}"
+
+
 OUTCOMES = ("STEP_COMPLETED", "STEP_FAILED", "TIMER_FIRED", "CTX_RECORDED")
 
 
@@ -665,12 +909,19 @@ def assert_steps_finish_once(snap: Snapshot, *, finished: bool) -> None:
 
 
 __all__ += [
+    "RUN_ENDS",
     "Snapshot",
     "assert_log_and_effects_agree",
+    "assert_parallels_in_order",
+    "assert_runs_linked",
     "assert_signals_delivered_once",
     "assert_snapshot_gapless",
     "assert_snapshot_timers",
     "assert_steps_finish_once",
+    "chain_end",
+    "run_names",
+    "run_started",
+    "started_steps",
 ]
 
 

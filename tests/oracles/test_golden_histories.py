@@ -20,6 +20,7 @@ and every float reads back as it was written.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import types
 from collections.abc import Callable
@@ -30,8 +31,11 @@ import pytest
 
 from durabl import (
     TIMED_OUT,
+    ChildRun,
+    ContinueAsNew,
     ModelCall,
     NonDeterminismError,
+    Parallel,
     RetryPolicy,
     Runtime,
     Sleep,
@@ -178,6 +182,96 @@ def approval_other_timeout(ctx: Any, topic: str) -> Any:
     return (verdict, found)
 
 
+def fan_out(ctx: Any, topic: str) -> Any:
+    """A ``Parallel`` of a flaky tool (first: its first attempt fails and backs off), an
+    AT_MOST_ONCE charge and a model call, one at a time (so that the log is the same at every
+    export): the flaky branch ends last, after its backoff, and the Parallel records the three
+    results in the order given (``parallel.json``)."""
+    value, paid, summary = yield Parallel(
+        [
+            ToolCall("flaky", {"n": len(topic)}),
+            ToolCall("charge", {"amount": 3}),
+            ModelCall(f"Summarize {topic} for the fan-out"),
+        ],
+        max_concurrency=1,
+    )
+    receipt = yield ToolCall("send_email", {"to": "p@q.r", "body": summary["text"]})
+    result = {"value": value, "paid": paid, "summary": summary["text"], "receipt": receipt}
+    COMPUTED.append(result)
+    return result
+
+
+def fan_out_swapped(ctx: Any, topic: str) -> Any:
+    """The same branches in another order: a Parallel's branches, in order, are part of its
+    fingerprint."""
+    return (
+        yield Parallel(
+            [
+                ToolCall("charge", {"amount": 3}),
+                ToolCall("flaky", {"n": len(topic)}),
+                ModelCall(f"Summarize {topic} for the fan-out"),
+            ],
+            max_concurrency=1,
+        )
+    )
+
+
+SHIPPING = "golden.shipping"
+
+
+def ship(ctx: Any, order: int, note: str) -> Any:
+    """The child of ``golden.parent``: a lookup and a timer (the child sleeps while its parent
+    waits on it)."""
+    label = yield ToolCall("search", {"q": f"label {order}"})
+    yield Sleep(minutes=5)
+    result = {"label": label[0], "note": note}
+    COMPUTED.append(result)
+    return result
+
+
+def parent(ctx: Any, order: int) -> Any:
+    """A ``ChildRun`` between a model call and a send of what the child returned
+    (``child_run.json``, which holds the child's history too)."""
+    note = yield ModelCall(f"Brief for order {order}")
+    shipped = yield ChildRun(SHIPPING, {"order": order, "note": note["text"]})
+    receipt = yield ToolCall("send_email", {"to": "s@t.u", "body": shipped["label"]})
+    result = {"shipped": shipped, "receipt": receipt}
+    COMPUTED.append(result)
+    return result
+
+
+def parent_other_child(ctx: Any, order: int) -> Any:
+    """The child given another input: a ChildRun's workflow and input are its fingerprint."""
+    note = yield ModelCall(f"Brief for order {order}")
+    return (yield ChildRun(SHIPPING, {"order": order + 1, "note": note["text"]}))
+
+
+CHAT_TURNS = 3
+
+
+def chat(ctx: Any, topic: str, turn: int = 1, heard: tuple[Any, ...] = ()) -> Any:
+    """Three turns, each a run of its own by ``ContinueAsNew`` (``continued.json``, which holds
+    the chain's three histories): the first waits for ``hello``, and ``wrap``, sent to it with
+    ``hello``, is handed on by its ContinueAsNew to the second, whose wait takes it at once."""
+    if turn == 1:
+        heard = ((yield WaitSignal("hello")),)
+    elif turn == 2:
+        heard = (*heard, (yield WaitSignal("wrap")))
+    found = yield ToolCall("search", {"q": f"{topic} {turn}"})
+    if turn < CHAT_TURNS:
+        yield ContinueAsNew({"topic": topic, "turn": turn + 1, "heard": list(heard)})
+    result = {"turns": turn, "heard": list(heard), "found": found}
+    COMPUTED.append(result)
+    return result
+
+
+def chat_other_next(ctx: Any, topic: str, turn: int = 1, heard: tuple[Any, ...] = ()) -> Any:
+    """The next turn given another input: a ContinueAsNew's input is its fingerprint."""
+    heard = ((yield WaitSignal("hello")),)
+    yield ToolCall("search", {"q": f"{topic} {turn}"})
+    yield ContinueAsNew({"topic": topic, "turn": turn + 2, "heard": list(heard)})
+
+
 WORKFLOWS: dict[str, Callable[..., Any]] = {
     "golden.research": research,
     "golden.retry_and_fallback": retry_and_fallback,
@@ -185,6 +279,10 @@ WORKFLOWS: dict[str, Callable[..., Any]] = {
     "golden.failing": failing,
     "golden.patched": patched,
     "golden.approval": approval,
+    "golden.fan_out": fan_out,
+    "golden.parent": parent,
+    SHIPPING: ship,
+    "golden.chat": chat,
 }
 BEFORE_PATCH: dict[str, Callable[..., Any]] = {"golden.patched": patched_before}
 """The code deployed before ``golden.patched`` changed (used by scripts/export_golden.py)."""
@@ -218,7 +316,11 @@ def golden_tools() -> dict[str, Any]:
     def broken(*, why: str) -> None:
         raise ValueError(f"cannot {why}")
 
+    def charge(*, amount: int, idempotency_key: str) -> dict[str, Any]:
+        return {"charged": amount, "id": f"ch-{idempotency_key}"}
+
     return {
+        "charge": tool(charge, mode="AT_MOST_ONCE"),
         "search": tool(search, mode="IDEMPOTENT"),
         "send_email": tool(send_email, mode="IDEMPOTENT"),
         "flaky": tool(flaky, mode="IDEMPOTENT", retry=RetryPolicy(max_attempts=3, base_delay=30)),
@@ -237,10 +339,22 @@ def load(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def runs_of(history: dict[str, Any]) -> list[dict[str, Any]]:
+    """The file's run and the runs it made (``linked``: a child, the runs a chain went on as)."""
+    return [history, *history.get("linked", [])]
+
+
 def install(history: dict[str, Any], db: Database) -> Store:
-    """Write the history into a fresh database through durabl's own store."""
-    log = [Event(**e) for e in history["events"]]
+    """Write the history, and those of the runs it made, into a fresh database through
+    durabl's own store."""
     store = open_store(db)
+    for one in runs_of(history):
+        install_run(one, store)
+    return store
+
+
+def install_run(history: dict[str, Any], store: Store) -> None:
+    log = [Event(**e) for e in history["events"]]
     first = log[0]
     row = RunRow(
         run_id=history["run_id"],
@@ -266,7 +380,6 @@ def install(history: dict[str, Any], db: Database) -> Store:
             at_s=log[-1].at_s,
         )
     )
-    return store
 
 
 @pytest.fixture(autouse=True)
@@ -275,38 +388,63 @@ def _fresh_computed() -> None:
 
 
 def test_the_golden_histories_are_there() -> None:
-    names = {load(p)["workflow"] for p in golden_files()}
+    names = {one["workflow"] for p in golden_files() for one in runs_of(load(p))}
     assert names == set(WORKFLOWS)
     for path in golden_files():
-        history = load(path)
-        assert [e["seq"] for e in history["events"]] == list(range(1, len(history["events"]) + 1))
+        for history in runs_of(load(path)):
+            seqs = [e["seq"] for e in history["events"]]
+            assert seqs == list(range(1, len(history["events"]) + 1))
 
 
 @pytest.mark.parametrize("path", golden_files(), ids=lambda p: p.stem)
 def test_a_golden_history_replays_to_its_recorded_result(databases: Databases, path: Path) -> None:
+    """Every run of the file (with the runs it made) replays dry, calling nothing: a run that
+    completed recomputes its result, a CONTINUED one ends again where it went on as the next,
+    a failed one fails again."""
     history = load(path)
     db = databases.new("golden")
     store = install(history, db)
-    assert [tuple(e) for e in store.load_log(history["run_id"])] == [
-        tuple(Event(**e)) for e in history["events"]
-    ]
-    stored = [row[1:] for row in event_rows(db, history["run_id"])]
-    assert stored == [(*Event(**e), codec.checksum(*Event(**e))) for e in history["events"]], (
-        "the database does not hold the history as written"
-    )
+    went_on_as = {
+        json.loads(one["events"][0]["data"]).get("continued_from"): one["run_id"]
+        for one in runs_of(history)
+    }
     with Runtime(store=store, workflows=WORKFLOWS, llm=None, tools={}) as rt:
-        state = rt.replay(history["run_id"])
+        for one in runs_of(history):
+            assert [tuple(e) for e in store.load_log(one["run_id"])] == [
+                tuple(Event(**e)) for e in one["events"]
+            ]
+            stored = [row[1:] for row in event_rows(db, one["run_id"])]
+            assert stored == [(*Event(**e), codec.checksum(*Event(**e))) for e in one["events"]], (
+                "the database does not hold the history as written"
+            )
+            COMPUTED.clear()
+            state = rt.replay(one["run_id"])
 
-    assert state.status == history["status"]
-    assert state.steps_executed == 0
-    assert state.steps_replayed == len({e["step"] for e in history["events"] if e["step"] > 0})
-    if history["status"] == "COMPLETED":
-        [recomputed] = COMPUTED
-        assert codec.encode(recomputed) == history["result_text"]
-        assert codec.encode(state.result) == history["result_text"]
-    else:
-        assert COMPUTED == []
-        assert history["error"] is not None and "ValueError" in history["error"]
+            assert state.status == one["status"]
+            assert state.steps_executed == 0
+            if one["status"] == "COMPLETED":
+                [recomputed] = COMPUTED
+                assert codec.encode(recomputed) == one["result_text"]
+                assert codec.encode(state.result) == one["result_text"]
+            elif one["status"] == "CONTINUED":  # nothing after its ContinueAsNew runs
+                assert COMPUTED == []
+                next_run = codec.decode(one["result_text"])["continued_as"]
+                assert next_run == went_on_as[one["run_id"]]
+            else:
+                assert COMPUTED == []
+                assert one["error"] is not None and "ValueError" in one["error"]
+
+
+@pytest.mark.parametrize("path", golden_files(), ids=lambda p: p.stem)
+def test_a_golden_history_replays_every_step_it_records(databases: Databases, path: Path) -> None:
+    """A dry replay counts every step position the log records as replayed: a Parallel's
+    branches included, as executing one counts each branch as well as the Parallel."""
+    history = load(path)
+    store = install(history, databases.new("golden"))
+    with Runtime(store=store, workflows=WORKFLOWS, llm=None, tools={}) as rt:
+        for one in runs_of(history):
+            positions = {e["step"] for e in one["events"] if e["step"] > 0}
+            assert rt.replay(one["run_id"]).steps_replayed == len(positions), one["run_id"]
 
 
 def research_changed(ctx: Any, topic: str, email: str) -> Any:
@@ -333,6 +471,9 @@ def crash_resumed_changed(ctx: Any, to: str) -> Any:
         # and the new branch's model call at 3 differs from the old one
         ("patched", patched_before, 3),
         ("signalled", approval_other_timeout, 2),
+        ("parallel", fan_out_swapped, 1),
+        ("child_run", parent_other_child, 2),
+        ("continued", chat_other_next, 3),
     ],
     ids=[
         "research",
@@ -340,6 +481,9 @@ def crash_resumed_changed(ctx: Any, to: str) -> Any:
         "unguarded-on-old-branch",
         "old-code-on-new-branch",
         "wait-with-another-timeout",
+        "parallel-branches-swapped",
+        "child-with-another-input",
+        "continued-with-another-input",
     ],
 )
 def test_a_changed_workflow_raises_on_the_golden_history(
@@ -421,6 +565,89 @@ def test_the_signalled_history_took_each_signal_once_and_timed_out_on_time() -> 
     assert nudge == {"timed_out": True}
     assert at_step[5][-1]["at_s"] >= deadline_s == at_step[5][0]["at_s"] + NUDGE_TIMEOUT_S
     assert json.loads(history["result_text"])["nudged"] is False
+
+
+def test_the_parallel_history_records_its_branches_in_the_order_given() -> None:
+    """``parallel.json``, read from the file: the Parallel at step 1 began before its branches,
+    which took steps 2-4 in the order given; the flaky one (first) backed off and finished
+    last, after its backoff, yet the Parallel's result, its last record and committed after
+    every branch's, lists the three in the order given."""
+    history = load(GOLDEN / "parallel.json")
+    events = history["events"]
+    started = {e["step"]: e for e in events if e["kind"] == "STEP_STARTED"}
+    done = {e["step"]: e for e in events if e["kind"] == "STEP_COMPLETED"}
+    branches = codec.decode(started[1]["data"])[1]
+    assert [codec.decode(started[p]["data"]) for p in (2, 3, 4)] == branches
+    assert started[1]["seq"] < min(e["seq"] for e in events if e["step"] in (2, 3, 4))
+    finished = sorted((2, 3, 4), key=lambda p: done[p]["seq"])
+    assert finished == [3, 4, 2], "the first branch is the last to finish"
+    retry = next(e for e in events if e["kind"] == "STEP_RETRY")
+    assert retry["step"] == 2
+    assert done[2]["at_s"] >= codec.decode(retry["data"])["retry_at_s"] > done[3]["at_s"]
+    assert done[1]["seq"] > max(done[p]["seq"] for p in (2, 3, 4))
+    assert done[1]["data"] == "[" + ",".join(done[p]["data"] for p in (2, 3, 4)) + "]"
+    assert json.loads(history["result_text"])["value"] == codec.decode(done[2]["data"])
+
+
+def test_the_child_history_holds_the_child_and_its_end_in_the_parent() -> None:
+    """``child_run.json``, read from the file: the parent's step 2 started the child, whose id
+    is derived from the parent's and the step, whose RUN_STARTED names that step and whose
+    input is the step's; the child's end and the parent's record of it are one commit (the
+    same instant, the same result), and the parent goes on only after it."""
+    history = load(GOLDEN / "child_run.json")
+    [child] = history["linked"]
+    events = history["events"]
+    [opened] = [e for e in events if e["kind"] == "STEP_STARTED" and e["step"] == 2]
+    _kind, workflow, child_input, explicit = codec.decode(opened["data"])
+    assert (workflow, explicit) == (SHIPPING, None) == (child["workflow"], None)
+    assert child["run_id"] == f"{history['run_id']}-2"
+    began = codec.decode(child["events"][0]["data"])
+    assert began["parent"] == {"run_id": history["run_id"], "step": 2}
+    assert began["input"] == child_input == child["input"]
+    assert child["events"][0]["at_s"] == opened["at_s"]  # created by the commit of the step
+    [noted] = [e for e in events if e["kind"] == "STEP_COMPLETED" and e["step"] == 2]
+    ended = child["events"][-1]
+    assert ended["kind"] == "RUN_COMPLETED" and child["status"] == "COMPLETED"
+    assert (noted["data"], noted["at_s"]) == (ended["data"], ended["at_s"])
+    assert noted["fp"] is None
+    later = [e for e in events if e["seq"] > noted["seq"]]
+    assert later and all(e["at_s"] > noted["at_s"] for e in later)
+
+
+def test_the_continued_history_is_one_chain_that_hands_on_its_signals() -> None:
+    """``continued.json``, read from the file: three runs, each naming the run it continued
+    and named by it (its ContinueAsNew's result, its RUN_CONTINUED, its final row), each
+    started with the input its ContinueAsNew gave; ``wrap``, which no wait of the first run
+    took, is marked delivered to its ContinueAsNew and handed to the second, whose wait took
+    it; the last run's result holds what every turn heard."""
+    history = load(GOLDEN / "continued.json")
+    chain = runs_of(history)
+    assert [one["status"] for one in chain] == ["CONTINUED", "CONTINUED", "COMPLETED"]
+    assert [one["workflow"] for one in chain] == ["golden.chat"] * CHAT_TURNS
+    for before, after in itertools.pairwise(chain):
+        link = {"run_id": after["run_id"]}
+        steps = {e["step"]: e for e in before["events"] if e["kind"] == "STEP_STARTED"}
+        [(position, opened)] = [(p, e) for p, e in steps.items() if '"continue"' in e["data"]]
+        last, end = before["events"][-2:]
+        assert (last["kind"], last["step"]) == ("STEP_COMPLETED", position)
+        assert codec.decode(last["data"]) == link == codec.decode(end["data"])
+        assert end["kind"] == "RUN_CONTINUED"
+        assert codec.decode(before["result_text"]) == {"continued_as": after["run_id"]}
+        began = codec.decode(after["events"][0]["data"])
+        assert began["continued_from"] == before["run_id"]
+        assert began["input"] == codec.decode(opened["data"])[1] == after["input"]
+    first, second, _third = chain
+    sent = {s["name"]: s for s in first["signals"]}
+    assert [s["name"] for s in first["signals"]] == ["wrap", "hello"]  # in the order sent
+    assert sent["hello"]["delivered_step"] == 1
+    assert sent["wrap"]["delivered_step"] == 3  # its ContinueAsNew: handed on
+    [handed] = second["signals"]
+    assert {k: handed[k] for k in ("name", "payload", "sent_s")} == {
+        k: sent["wrap"][k] for k in ("name", "payload", "sent_s")
+    }
+    took = codec.decode(second["events"][2]["data"])
+    assert handed["delivered_step"] == 1 and took["signal"] == handed["id"]
+    assert json.loads(chain[-1]["result_text"])["heard"] == ["hi", "bye"]
 
 
 def export_script() -> Any:
