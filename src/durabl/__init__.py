@@ -7,6 +7,7 @@ commits each tool's effect record together with its completion in one transactio
 
 from durabl.crashpoints import ProcessDeath
 from durabl.errors import (
+    BudgetExceeded,
     ChildRunFailed,
     DeadLetteredError,
     DurablError,
@@ -27,6 +28,7 @@ from durabl.errors import (
     UnknownToolError,
     UnknownWorkflowError,
 )
+from durabl.ledger import Budget
 from durabl.runtime import DeadLetter, RunState, Runtime
 from durabl.steps import (
     TIMED_OUT,
@@ -46,6 +48,8 @@ __version__ = "0.2.0.dev0"
 
 __all__ = [
     "TIMED_OUT",
+    "Budget",
+    "BudgetExceeded",
     "ChildRun",
     "ChildRunFailed",
     "ContinueAsNew",

@@ -23,6 +23,7 @@ from durabl.errors import RunConflictError, RunLeased
 from durabl.events import Event
 from durabl.execute import Services, StepCall
 from durabl.journal import Journal, Writer
+from durabl.ledger import Budget
 from durabl.replay import History, StepRecord
 from durabl.states import Progress, RunState
 from durabl.steps import Step
@@ -53,8 +54,11 @@ class Engine:
         services: Services,
         decide: Decide,
         clock: Callable[[], float],
+        budget: Budget | None = None,
     ) -> None:
         self.store = store
+        self.budget = budget
+        """The budget of runs started without one (``Runtime(budget=...)``)."""
         self.writer = writer
         self.leaser = leaser
         self.workflows = workflows
@@ -95,12 +99,19 @@ class Engine:
     # -- starting and resuming -------------------------------------------------------------
 
     def start(
-        self, target: Any, run_input: Any, run_id: str | None, boundary: dict[str, Any]
+        self,
+        target: Any,
+        run_input: Any,
+        run_id: str | None,
+        boundary: dict[str, Any],
+        budget: Budget | None = None,
     ) -> RunState:
         """Create the run (with a new id if ``run_id`` is None) and drive it; an existing run
         with this id is driven on instead, if it has the same workflow and input
         (RunConflictError if not)."""
-        wf, row, first = self._new_run(target, run_input, run_id, boundary, leased=True)
+        wf, row, first = self._new_run(
+            target, run_input, run_id, boundary, leased=True, budget=budget or self.budget
+        )
         existing = self.store.create_run(row, first)
         if existing is not None:
             return self._start_again(existing, wf, row.input_text)
@@ -111,11 +122,18 @@ class Engine:
             return self.drive_owned(row, wf, None, token)
 
     def submit(
-        self, target: Any, run_input: Any, run_id: str | None, boundary: dict[str, Any]
+        self,
+        target: Any,
+        run_input: Any,
+        run_id: str | None,
+        boundary: dict[str, Any],
+        budget: Budget | None = None,
     ) -> str:
         """Create the run with no owner, for whichever worker claims it first; returns its id.
         Submitting again with the same id, workflow and input is the same submission."""
-        wf, row, first = self._new_run(target, run_input, run_id, boundary, leased=False)
+        wf, row, first = self._new_run(
+            target, run_input, run_id, boundary, leased=False, budget=budget or self.budget
+        )
         existing = self.store.create_run(row, first)
         if existing is not None:
             self._check_same(existing, wf, row.input_text)
@@ -129,9 +147,12 @@ class Engine:
         boundary: dict[str, Any],
         *,
         leased: bool,
+        budget: Budget | dict[str, Any] | None = None,
     ) -> tuple[Workflow, RunRow, Event]:
         """A new run's workflow, row and RUN_STARTED event; leased to this runtime, or not.
-        ``boundary`` goes into RUN_STARTED with them (where it came from, its parent)."""
+        ``boundary`` goes into RUN_STARTED with them (where it came from, its parent), and the
+        run's budget: a ``Budget`` given to it (charged to it), or one it carries on from the
+        run that started it (charged where that one's is)."""
         wf = self.workflow_of(target)
         input_text, value = codec.round_trip(run_input, what=f"input of workflow {wf.name!r}")
         wf.bind(value)
@@ -140,6 +161,10 @@ class Engine:
         else:
             check_text("run_id", run_id)
         now_s = self.clock()
+        if isinstance(budget, Budget):
+            boundary = {**boundary, "budget": budget.record(run_id)}
+        elif budget is not None:
+            boundary = {**boundary, "budget": budget}
         started = codec.encode({"workflow": wf.name, "input": value, **boundary})
         row = RunRow(
             run_id=run_id,
@@ -210,11 +235,16 @@ class Engine:
     # -- child runs (durabl.execute.base.Children) -----------------------------------------
 
     def child_run(
-        self, workflow: str, input_text: str, run_id: str, parent: tuple[str, int]
+        self,
+        workflow: str,
+        input_text: str,
+        run_id: str,
+        parent: tuple[str, int],
+        budget: dict[str, Any] | None = None,
     ) -> tuple[RunRow, Event]:
         boundary = {**self.writer.boundary, "parent": {"run_id": parent[0], "step": parent[1]}}
         _, row, first = self._new_run(
-            workflow, codec.decode(input_text), run_id, boundary, leased=True
+            workflow, codec.decode(input_text), run_id, boundary, leased=True, budget=budget
         )
         return row, first
 
@@ -224,7 +254,12 @@ class Engine:
         if history.parent is not None:
             boundary["parent"] = {"run_id": history.parent[0], "step": history.parent[1]}
         _, row, first = self._new_run(
-            history.workflow, codec.decode(input_text), None, boundary, leased=True
+            history.workflow,
+            codec.decode(input_text),
+            None,
+            boundary,
+            leased=True,
+            budget=history.budget,
         )
         return row, first
 

@@ -62,6 +62,10 @@ class Writer:
         self.written: set[str] = set()
         """The runs this instance started or appended to (set.add is atomic: worker threads
         share it)."""
+        self.observers: list[Callable[[str, list[Event], History], None]] = []
+        """Called after each commit that appended events, with the run id, the events and the
+        run's history with them folded in (telemetry: ``durabl.telemetry``). A replay commits
+        nothing, so it calls nothing."""
 
     def open(self, row: RunRow, history: History, progress: Progress, token: int | None) -> Journal:
         """A journal for one pass through ``row``'s run, writing with fencing ``token``; with
@@ -154,6 +158,9 @@ class Journal:
             writer.written.add(self.run_id)
         for row in rows:
             self.history.apply(row)
+        if rows:
+            for observe in writer.observers:
+                observe(self.run_id, rows, self.history)
         self.status = status
         self.error = error if error is not None else (None if clear_error else self.error)
 

@@ -85,6 +85,17 @@ class Metrics(Report):
     total_tokens: int = 0
     reexecuted_tokens: int = 0
     """Estimated tokens of the re-executed model calls (see the module docstring)."""
+    cost_usd: float = 0.0
+    """What the model answers recorded cost, by the price table they were priced with
+    (``cost_usd`` in each answer); answers of models it had no price for are not in it."""
+    unpriced_model_calls: int = 0
+    """Model answers that report usage, of a model with no price: their cost is unknown."""
+    reexecuted_cost_usd: float = 0.0
+    """Estimated cost of the re-executed model calls: each lost attempt costed as the answer
+    recorded in the end."""
+    partial_chars: int = 0
+    """Characters of streamed answers that a crash or a failed attempt cut off (the last
+    STEP_PARTIAL of each lost attempt): spent, and asked again."""
     wall_s: float = 0.0
     """From the run's first event to its last."""
     step_s: float = 0.0
@@ -110,6 +121,7 @@ class _Open:
     started_at_s: float | None = None  # when, if this process started it
     lost: int = 0  # attempts that never got an outcome (a crash in between)
     armed_at_s: float | None = None
+    partial: int = 0  # characters of the attempt in progress streamed so far (STEP_PARTIAL)
 
 
 @dataclass
@@ -163,6 +175,9 @@ class MetricsFold:
         elif kind == events.STEP_RETRY:
             m.retries += 1
             self._end_attempt(e)
+            if e.step in self.open:  # a stream cut off by the failure is spent text
+                m.partial_chars += self.open[e.step].partial
+                self.open[e.step].partial = 0
         elif kind in (events.STEP_COMPLETED, events.STEP_FAILED):
             step = self.open.pop(e.step) if e.step in self.open else _Open("tool")
             self._end_attempt(e, step)
@@ -175,6 +190,12 @@ class MetricsFold:
                 m.output_tokens += used[1]
                 m.total_tokens += used[2]
                 m.reexecuted_tokens += step.lost * used[2]
+                priced = _cost(e.data)
+                if priced is None:
+                    m.unpriced_model_calls += 1 if used[2] else 0
+                else:
+                    m.cost_usd += priced
+                    m.reexecuted_cost_usd += step.lost * priced
         elif kind == events.TIMER_ARMED:
             self.open.setdefault(e.step, _Open("sleep")).armed_at_s = e.at_s
         elif kind == events.TIMER_FIRED:
@@ -187,11 +208,15 @@ class MetricsFold:
             self.done_positions += 1
         elif kind == events.DEAD_LETTERED:
             m.dead_letters += 1
+        elif kind == events.STEP_PARTIAL:
+            self.open.setdefault(e.step, _Open("model")).partial = len(_partial_text(e.data))
         m.wall_s = self.last_at_s - self.first_at_s
 
     def _restarted(self, step: _Open) -> None:
         """A step started again without a recorded outcome in between: a crash lost it."""
         step.lost += 1
+        self.m.partial_chars += step.partial
+        step.partial = 0
         if step.kind == "model":
             self.m.reexecuted_model_calls += 1
         else:
@@ -257,6 +282,19 @@ def _usage(data: str | None) -> tuple[int, int, int]:
     tokens_out = _count(usage.get("output_tokens", usage.get("completion_tokens")))
     total = _count(usage.get("total_tokens")) or tokens_in + tokens_out
     return tokens_in, tokens_out, total
+
+
+def _cost(data: str | None) -> float | None:
+    """The cost a recorded answer carries (``cost_usd``), or None if it has none."""
+    if not data or '"cost_usd"' not in data:
+        return None
+    value = json.loads(data).get("cost_usd")
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _partial_text(data: str | None) -> str:
+    text = json.loads(data or "{}").get("text")
+    return text if isinstance(text, str) else ""
 
 
 def _count(value: Any) -> int:

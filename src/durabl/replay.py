@@ -56,6 +56,8 @@ class StepRecord:
     result_text: str | None = None
     failure: dict[str, Any] | None = None
     wake_at_s: float | None = None
+    partial: str | None = None
+    """The text so far of the attempt streaming now, or cut off by a crash (STEP_PARTIAL)."""
     retries: int = 0
     dead: bool = False
     redriven: bool = False
@@ -80,6 +82,8 @@ class History:
     """A child run's parent and the parent's step that started it (from RUN_STARTED)."""
     continued_from: str | None = None
     """The run this one continues, for a run started by a ContinueAsNew (from RUN_STARTED)."""
+    budget: dict[str, Any] | None = None
+    """The run's budget as RUN_STARTED records it (``durabl.ledger.Budget.record``), if any."""
     folded_metrics: dict[str, Any] | None = None  # what a snapshot kept for the metrics fold
 
     @classmethod
@@ -110,6 +114,7 @@ class History:
         parent = data.get("parent")
         history.parent = None if parent is None else (parent[0], parent[1])
         history.continued_from = data.get("continued_from")
+        history.budget = data.get("budget")
         steps = history.steps
         for position, fp, first, done, attempts, retries, about, result, failure in data["steps"]:
             steps[position] = StepRecord(
@@ -180,6 +185,7 @@ class History:
                 "resumed_at": [s for s in self.resumed_at if s <= seq],
                 "parent": None if self.parent is None else list(self.parent),
                 "continued_from": self.continued_from,
+                "budget": self.budget,
                 "steps": steps,
                 "metrics": metrics,
             }
@@ -222,6 +228,7 @@ def _run_started(h: History, e: Event) -> None:
     if parent is not None:
         h.parent = (parent["run_id"], parent["step"])
     h.continued_from = data.get("continued_from")
+    h.budget = data.get("budget")
 
 
 def _run_resumed(h: History, e: Event) -> None:
@@ -258,6 +265,10 @@ def _step_failed(h: History, e: Event) -> None:
     rec = h.record(e)
     rec.failure = codec.decode(e.data or "{}")
     _finish(rec, e)
+
+
+def _step_partial(h: History, e: Event) -> None:
+    h.record(e).partial = e.data
 
 
 def _step_retry(h: History, e: Event) -> None:
@@ -311,6 +322,7 @@ _HANDLERS = {
     events.STEP_COMPLETED: _step_completed,
     events.STEP_FAILED: _step_failed,
     events.STEP_RETRY: _step_retry,
+    events.STEP_PARTIAL: _step_partial,
     events.TIMER_ARMED: _timer_armed,
     events.TIMER_FIRED: _timer_fired,
     events.CTX_RECORDED: _ctx_recorded,

@@ -27,10 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 from durabl import codec, events, leases, replay
 from durabl.checks import check_text, check_type
-from durabl.engine import Engine
+from durabl.engine import Engine, new_run_id
 from durabl.errors import DeadLetteredError, RunEndedError, RunFailedError, RunNotFinishedError
 from durabl.execute import Services
 from durabl.journal import Journal, Writer
+from durabl.ledger import Budget, Spend
+from durabl.llm.call import Chunk
+from durabl.llm.prices import Price, price_table
 from durabl.replay import History, StepRecord
 from durabl.states import Compaction, DeadLetter, RunCheck, RunCompaction, RunState
 from durabl.steps import Step
@@ -68,6 +71,9 @@ class Runtime:
         store: Store | None = None,
         lease_s: float = leases.LEASE_S,
         parallelism: int = PARALLELISM,
+        prices: Mapping[str, Price] | None = None,
+        on_chunk: Callable[[Chunk], None] | None = None,
+        budget: Budget | None = None,
     ) -> None:
         if llm is not None and not callable(llm):
             raise TypeError(
@@ -77,6 +83,10 @@ class Runtime:
             raise TypeError("clock must be a zero-argument callable returning epoch seconds")
         if retry is not None:
             check_type("retry", retry, RetryPolicy)
+        if budget is not None:
+            check_type("budget", budget, Budget)
+        if on_chunk is not None and not callable(on_chunk):
+            raise TypeError(f"on_chunk must be a callable on_chunk(chunk), got {on_chunk!r}")
         if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1:
             raise ValueError(
                 f"parallelism must be a whole number of 1 or more, got {parallelism!r}"
@@ -112,6 +122,9 @@ class Runtime:
             decide=self.decide,
             pool=self._branch_pool,
             stopping=lambda: self._engine.halted,
+            call_model=self.call_model,
+            prices=price_table(prices),
+            on_chunk=on_chunk,
         )
         self._engine = Engine(
             store=self.store,
@@ -121,6 +134,7 @@ class Runtime:
             services=services,
             decide=self.decide,
             clock=self._clock,
+            budget=budget,
         )
         services.children = self._engine
 
@@ -133,6 +147,10 @@ class Runtime:
     def call_tool(self, tool: Tool, args: dict[str, Any]) -> Any:
         """Hand control to a tool: the only place durabl calls one (a seam)."""
         return tool.fn(**args)
+
+    def call_model(self, llm: Callable[..., Any], prompt: Any, params: dict[str, Any]) -> Any:
+        """Hand control to the model client: the only place durabl calls it."""
+        return llm(prompt, **params)
 
     def _branch_pool(self) -> ThreadPoolExecutor:
         """The threads the branches of every Parallel of this runtime share (made at first use:
@@ -187,24 +205,54 @@ class Runtime:
 
     # -- running ---------------------------------------------------------------------------
 
-    def start(self, workflow: Any, input: Any = None, *, run_id: str | None = None) -> str:
+    def start(
+        self,
+        workflow: Any,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        budget: Budget | None = None,
+    ) -> str:
         """Create a run and drive it as far as it goes; returns its id.
 
         Starting again with an existing run id and the same workflow and input returns that run
         (driving it on if it was interrupted); with a different workflow or input it is an error.
+        ``budget`` (default: the runtime's) bounds what the run and the runs it starts spend on
+        models (``durabl.ledger.Budget``); it is recorded with the run.
         """
-        return self.run(workflow, input, run_id=run_id).run_id
+        if run_id is None:
+            run_id = new_run_id()  # the id of the run made here, wherever a chain goes from it
+        self.run(workflow, input, run_id=run_id, budget=budget)
+        return run_id
 
-    def submit(self, workflow: Any, input: Any = None, *, run_id: str | None = None) -> str:
+    def submit(
+        self,
+        workflow: Any,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        budget: Budget | None = None,
+    ) -> str:
         """Create a run without driving it, for a worker (``durabl worker``, ``serve``) to
         claim; returns its id. On PostgreSQL the workers are woken at once and divide the
         submitted runs between them. Submitting again with the same run id, workflow and input
         is the same submission; with a different workflow or input it is an error."""
-        return self._engine.submit(workflow, input, run_id, self._boundary)
+        if budget is not None:
+            check_type("budget", budget, Budget)
+        return self._engine.submit(workflow, input, run_id, self._boundary, budget)
 
-    def run(self, workflow: Any, input: Any = None, *, run_id: str | None = None) -> RunState:
+    def run(
+        self,
+        workflow: Any,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        budget: Budget | None = None,
+    ) -> RunState:
         """``start``, and return the state the run reached."""
-        return self._engine.start(workflow, input, run_id, self._boundary)
+        if budget is not None:
+            check_type("budget", budget, Budget)
+        return self._engine.start(workflow, input, run_id, self._boundary, budget)
 
     def signal(self, run_id: str, name: str, payload: Any = None) -> int:
         """Send ``payload`` to the run, for its ``WaitSignal(name)``: kept durably until a
@@ -256,6 +304,14 @@ class Runtime:
     def state(self, run_id: str) -> RunState:
         """The run's state as recorded (no workflow code runs)."""
         return self._engine.state(run_id)
+
+    def spend(self, run_id: str) -> Spend:
+        """What the run and every run it started (its child runs, the runs it continued as,
+        theirs in turn) spent on models, from their logs: tokens, dollars, and the answers of
+        models with no price, whose cost is unknown."""
+        from durabl.ledger import spend
+
+        return spend(self.store, self._engine.row(run_id).run_id)
 
     def current(self, run_id: str) -> str:
         """The id of the run a chain of ``ContinueAsNew`` started at (or passing through)

@@ -29,6 +29,7 @@ from durabl import (
     WaitSignal,
     codec,
     crashpoints,
+    events,
 )
 from durabl.crashpoints import CrashAt, ProcessDeath
 from durabl.errors import ModelCallFailed, ToolFailed
@@ -273,7 +274,8 @@ def rich_log() -> Log:
     """Every event kind, crashes and resumes, retries, a dead letter redriven and one resolved."""
     usage = {"prompt_tokens": 11, "completion_tokens": 7}
     log = Log({"topic": "otters"}).ctx(1, "uuid", "u-1")
-    log.started(2, PLAN).resumed().started(2, PLAN).completed(2, answer(usage))
+    log.started(2, PLAN).add(events.STEP_PARTIAL, 2, None, '{"attempt":1,"text":"Plan: fi"}')
+    log.resumed().started(2, PLAN).completed(2, answer(usage, cost_usd=0.25))
     log.started(3, SEARCH).dispatched(3).retry(3, at(12)).started(3, SEARCH).dispatched(3)
     log.completed(3, ["a", "b"])
     log.started(4, NAP).armed(4, at(20)).resumed().fired(4, at(20))
@@ -282,7 +284,8 @@ def rich_log() -> Log:
     log.ctx(6, "now", T0_S + 30)
     log.started(7, LOOKUP).dispatched(7).failed(7, ToolFailed("search", "ValueError", "x", 1))
     log.started(8, CHARGE).dispatched(8).resumed().dead_lettered(8).resolved(8, {"charged": 1})
-    log.started(9, SUMMARY).completed(9, answer({"input_tokens": 5, "output_tokens": 5}))
+    log.started(9, SUMMARY)
+    log.completed(9, answer({"input_tokens": 5, "output_tokens": 5}, cost_usd=None))
     log.started(10, APPROVAL).armed(10, at(40)).completed(10, {"payload": True, "signal": 1})
     log.started(11, FETCHES)  # a Parallel: its branches at 12 and 13, then its own end
     log.step_done(13, FETCHES.steps[1], ["b"]).step_done(12, FETCHES.steps[0], ["a"])
@@ -482,3 +485,22 @@ def test_a_wait_for_a_signal_is_counted_and_adds_no_step_time() -> None:
     log.completed(1, {"payload": "yes", "signal": 1})
     m = figures(log)
     assert (m.signals, m.steps, m.tool_calls, m.step_s, m.attempts) == (1, 1, 0, 0, 1)
+
+
+def test_cost_is_summed_unknown_prices_are_counted_and_lost_streams_are_spent() -> None:
+    usage = {"input_tokens": 100, "output_tokens": 50}
+    log = Log().started(1, PLAN)
+    log.add(events.STEP_PARTIAL, 1, None, '{"attempt":1,"text":"The pl"}')
+    log.add(events.STEP_PARTIAL, 1, None, '{"attempt":1,"text":"The plan is"}')
+    log.resumed().started(1, PLAN).completed(1, answer(usage, cost_usd=0.5))
+    log.started(2, SUMMARY).completed(2, answer(usage, cost_usd=None))  # a model with no price
+    log.started(3, SUMMARY.__class__("again"))
+    log.add(events.STEP_PARTIAL, 3, None, '{"attempt":1,"text":"abc"}')
+    log.retry(3, at(20)).started(3, SUMMARY.__class__("again")).completed(
+        3, answer(usage, cost_usd=0.25)
+    )
+    m = figures(log)
+    assert m.cost_usd == 0.75
+    assert m.unpriced_model_calls == 1
+    assert m.reexecuted_cost_usd == 0.5  # the lost first attempt of step 1, costed as its answer
+    assert m.partial_chars == len("The plan is") + len("abc")

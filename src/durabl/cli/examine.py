@@ -17,6 +17,7 @@ from durabl import events
 from durabl.cli.opening import read_store
 from durabl.cli.options import EXIT_FAILED, EXIT_OK, OPTIONAL, Commands, UsageError, port
 from durabl.cli.render import Grid, console, emit, headline
+from durabl.ledger import spend
 from durabl.metrics import Metrics, of_run
 from durabl.store import doctor, is_postgres_url
 from durabl.store.reads import require_run
@@ -114,7 +115,17 @@ def _metrics(args: argparse.Namespace) -> int:
     ]
     if args.run is not None:
         [(row, figures)] = each
-        emit(args, per_run[0], headline(row), Grid(["FIGURE", "VALUE"], _figures(figures)))
+        with read_store(args.db) as store:
+            tree = spend(store, row.run_id)
+        together = {"runs": tree.runs, "tokens": tree.tokens, "cost_usd": tree.cost_usd}
+        together["unpriced_model_calls"] = tree.unpriced_calls
+        lines: list[str | Grid] = [headline(row), Grid(["FIGURE", "VALUE"], _figures(figures))]
+        if tree.runs > 1:
+            lines.append(
+                f"with the {counted(tree.runs - 1, 'run')} it started: {tree.tokens} tokens, "
+                f"{_dollars(tree.cost_usd, tree.unpriced_calls)}"
+            )
+        emit(args, {**per_run[0], "with_runs_started": together}, *lines)
         return EXIT_FAILED if row.status == events.FAILED else EXIT_OK
     total = sum((m for _, m in each), Metrics(runs=0))
     table = [[row.run_id, row.workflow, row.status, *_columns(m)] for row, m in each]
@@ -155,10 +166,20 @@ def _figures(m: Metrics) -> list[list[str]]:
         ["output tokens", str(m.output_tokens)],
         ["total tokens", str(m.total_tokens)],
         ["re-executed tokens", f"{m.reexecuted_tokens} (estimated)"],
+        ["cost", _dollars(m.cost_usd, m.unpriced_model_calls)],
+        ["re-executed cost", f"${m.reexecuted_cost_usd:.6f} (estimated)"],
+        ["cut-off streamed text", f"{m.partial_chars} characters"],
         ["wall clock", f"{m.wall_s:.3f} s"],
         ["time in steps", f"{m.step_s:.3f} s"],
         ["timer waits", f"{m.timer_wait_s:.3f} s"],
     ]
+
+
+def _dollars(cost_usd: float, unpriced: int) -> str:
+    """A cost, and how many answers it leaves out for want of a price (unknown, not free)."""
+    if not unpriced:
+        return f"${cost_usd:.6f}"
+    return f"${cost_usd:.6f} + {counted(unpriced, 'answer')} of a model with no price"
 
 
 def _doctor(args: argparse.Namespace) -> int:

@@ -310,6 +310,8 @@ class StepFailed(DurablError):
     @staticmethod
     def from_record(record: dict[str, Any]) -> StepFailed:
         kind = record.get("class")
+        if kind == "BudgetExceeded":
+            return BudgetExceeded(record["message"])
         if kind == "ChildRunFailed":
             return ChildRunFailed(
                 record["name"], record["error_type"], record["message"], child=record["child"]
@@ -328,6 +330,18 @@ class ToolFailed(StepFailed):
 
 class ModelCallFailed(StepFailed):
     """A model call failed for good (retries exhausted, or a non-retryable error)."""
+
+
+class BudgetExceeded(StepFailed):
+    """A model call was refused before it was made: it would take the run (and the runs it
+    started) past its ``Budget``. Thrown into the workflow at the ModelCall, which may catch
+    it; recorded, so a replay throws it at the same point."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("ModelCall", "BudgetExceeded", message)
+
+    def describe(self) -> str:
+        return f"ModelCall refused: {self.message}"
 
 
 class ChildRunFailed(StepFailed):

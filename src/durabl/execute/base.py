@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from durabl.events import Event
 from durabl.journal import Journal
+from durabl.llm.call import Chunk
+from durabl.llm.prices import Price
 from durabl.replay import History, StepRecord
 from durabl.steps import Step
 from durabl.store.base import RunRow
@@ -21,11 +23,16 @@ class Children(Protocol):
     """What a ChildRun asks of the engine that drives its run."""
 
     def child_run(
-        self, workflow: str, input_text: str, run_id: str, parent: tuple[str, int]
+        self,
+        workflow: str,
+        input_text: str,
+        run_id: str,
+        parent: tuple[str, int],
+        budget: dict[str, Any] | None = None,
     ) -> tuple[RunRow, Event]:
         """The child's row (leased to this runtime) and RUN_STARTED, naming ``parent`` (the
-        parent's run id and step); ``UnknownWorkflowError`` for a workflow not registered,
-        ``TypeError`` for an input its parameters cannot take."""
+        parent's run id and step) and carrying the parent's ``budget``; ``UnknownWorkflowError``
+        for a workflow not registered, ``TypeError`` for an input its parameters cannot take."""
 
     def next_run(self, history: History, input_text: str) -> tuple[RunRow, Event]:
         """The row (leased to this runtime) and RUN_STARTED of the run a ContinueAsNew in the
@@ -55,6 +62,14 @@ class Services:
     """True once the runtime is stopping: no new branch of a Parallel begins."""
     children: Children | None = None
     """The engine, for ChildRun (set once the engine exists)."""
+    call_model: Callable[[Callable[..., Any], Any, dict[str, Any]], Any] = (
+        lambda llm, prompt, params: llm(prompt, **params)
+    )
+    """Hand control to the model client: ``llm(prompt, **params)``."""
+    prices: Mapping[str, Price] = field(default_factory=dict)
+    """The price table model answers are priced by (``durabl.llm.prices``)."""
+    on_chunk: Callable[[Chunk], None] | None = None
+    """Where a streamed answer's pieces go as they arrive (``Runtime(on_chunk=...)``)."""
 
 
 class StepCall:

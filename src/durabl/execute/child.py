@@ -35,7 +35,9 @@ def execute(call: StepCall) -> Any:
     if fresh:
         parent = (call.run_id, call.position)
         try:
-            new_run = children.child_run(step.workflow, step.input_text, child_id, parent)
+            new_run = children.child_run(
+                step.workflow, step.input_text, child_id, parent, journal.history.budget
+            )
         except UnknownWorkflowError as exc:
             raise Hold(
                 _bad(call, f"ChildRun of a workflow that is not registered: {exc}")
