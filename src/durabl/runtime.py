@@ -197,6 +197,18 @@ class Runtime:
         self._leaser.close()
         self.store.close()
 
+    def observe(
+        self, observer: Callable[[str, list[events.Event], History], None]
+    ) -> Callable[[], None]:
+        """Call ``observer(run_id, events, history)`` after each commit of this runtime that
+        appends to a run's log, with the events appended and the run's history with them
+        folded in (``durabl.telemetry`` builds its spans so). It runs in the committing thread,
+        and what it raises reaches the step's caller. A replay commits nothing, so it calls
+        nothing. Returns a function that removes it."""
+        observers = self._engine.writer.observers
+        observers.append(observer)
+        return lambda: observers.remove(observer) if observer in observers else None
+
     def __enter__(self) -> Runtime:
         return self
 

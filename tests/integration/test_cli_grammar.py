@@ -46,6 +46,7 @@ ARGUMENTS = {  # what a command needs besides its name, by its words
     "migrate": ["--to", "TARGET"],  # each placement's own new PostgreSQL database
     "signal": ["running", "approve", '{"by": "ana"}'],
     "fork": ["running", "--at", "1", "--run-id", "forked"],
+    "export-traces": ["running"],
 }
 IMPORTING = {  # the commands that load the --import modules (the others only read)
     *("worker", "resume", "replay", "tick", "compact", "check", "signal", "fork"),

@@ -24,6 +24,7 @@ _COMMANDS: tuple[Callable[[Commands], None], ...] = (
     operate.add_worker,
     logs.add_runs,
     logs.add_show,
+    logs.add_export_traces,
     operate.add_resume,
     operate.add_dlq,
     logs.add_replay,

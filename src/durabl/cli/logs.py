@@ -1,8 +1,9 @@
-"""The read-only commands about runs and their logs: ``runs``, ``show [--trace]`` and
-``replay --dry``.
+"""The read-only commands about runs and their logs: ``runs``, ``show [--trace]``,
+``export-traces`` and ``replay --dry``.
 
-None of them writes: ``runs`` and ``show`` read through a read-only store, and ``replay --dry``
-runs the workflow code against a runtime on one, which executes nothing.
+None of them writes to the database: ``runs``, ``show`` and ``export-traces`` read through a
+read-only store, and ``replay --dry`` runs the workflow code against a runtime on one, which
+executes nothing. ``export-traces --out`` writes its own file, and only that.
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
+import os
 import re
 import sys
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from durabl import events, replay
+from durabl import events, replay, telemetry
 from durabl.cli.opening import read_store, runtime
 from durabl.cli.options import EXIT_FAILED, EXIT_OK, REQUIRED, Commands, UsageError, positive_whole
 from durabl.cli.render import Grid, emit, headline, print_state, short, when
@@ -79,6 +82,23 @@ def add_show(commands: Commands) -> None:
         read_only=True,
     )
     p.add_argument("--trace", action="store_true", help="per step: replayed or executed")
+
+
+def add_export_traces(commands: Commands) -> None:
+    p = commands.add_command(
+        "export-traces",
+        _export_traces,
+        help="a run and its child runs as OpenTelemetry spans (OTLP/JSON), from the log",
+        description="Build the OpenTelemetry spans of a run and of its child runs from their "
+        "logs, after the fact (read-only; needs no OpenTelemetry): one span per finished step "
+        "and one per ended run, with the ids, times, parents and attributes that "
+        "durabl.telemetry.instrument gives the spans it emits live. Printed as OTLP/JSON (what "
+        "the OTLP HTTP exporter sends: resourceSpans, scopeSpans, spans), or written to --out "
+        "FILE. Steps folded into a snapshot by compaction have no times left and are left out.",
+        run=REQUIRED,
+        read_only=True,
+    )
+    p.add_argument("--out", metavar="FILE", help="write the JSON to FILE instead of stdout")
 
 
 def add_replay(commands: Commands) -> None:
@@ -406,6 +426,52 @@ def _step_cell(step: dict[str, Any]) -> str:
         return short(step["description"])
     mark = f"branch {branch['branch']} of {branch['of']} (step {branch['step']}): "
     return "  " + short(mark + step["description"])
+
+
+def _export_traces(args: argparse.Namespace) -> int:
+    with read_store(args.db) as store:
+        found = telemetry.trace_of(store, args.run)
+    text = json.dumps(telemetry.otlp_json(found.spans), indent=2) + "\n"
+    for run_id in found.compacted:
+        print(
+            f"run {run_id} was compacted: the steps in its snapshot have no spans here",
+            file=sys.stderr,
+        )
+    if args.out is None:
+        sys.stdout.write(text)
+        return EXIT_OK
+    _write_file(args.out, text)
+    summary = (
+        f"{counted(len(found.spans), 'span')} of {counted(len(found.runs), 'run')} "
+        f"written to {args.out}"
+    )
+    emit(args, {"out": args.out, "spans": len(found.spans), "runs": found.runs}, summary)
+    return EXIT_OK
+
+
+def _write_file(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all: a temporary file beside it, synced, then
+    renamed over it, and the directory synced."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        handle, temporary = tempfile.mkstemp(dir=folder, prefix=".durabl-traces-")
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror}") from None
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            os.fchmod(out.fileno(), 0o644)  # an export to share, not mkstemp's 0600
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except OSError as exc:
+        os.unlink(temporary)
+        raise UsageError(f"cannot write {path}: {exc.strerror}") from None
+    directory = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 def _replay(args: argparse.Namespace) -> int:
