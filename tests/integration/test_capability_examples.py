@@ -33,6 +33,12 @@ files in ``--dir``) in the state it claims.
 - ``chat_session.py``: six messages make a chain of six runs, CONTINUED to COMPLETED, none of
   more than a dozen events; the messages sent before their turn are handed from run to run,
   each is taken by one wait, in the order sent, and answered once.
+- ``function_calling.py``: a function-calling agent on ``durabl.llm.openai`` (the real OpenAI
+  SDK, against a scripted OpenAI-compatible server on 127.0.0.1) is SIGKILLed inside its second
+  tool call and resumed by ``resume_all``; the model server gets three requests, two from the
+  killed process and one from the fresh one, so no answer the log held was asked for again;
+  the forecast the kill cut off is fetched again, the other never; each answer is recorded
+  once, normalized and priced, and the run's result is the model's final answer.
 
 The examples check themselves too; these tests check the files and the database independently
 of the examples' own verdicts.
@@ -587,3 +593,62 @@ def test_chat_session_continues_as_new_and_answers_each_message_once(tmp_path: P
     assert len({r["pid"] for r in replies}) == 1  # the worker's
     prompts = [m["prompt"] for m in jsonl(tmp_path / "model_calls.jsonl")]
     assert [(p["turn"], p["message"]) for p in prompts] == list(enumerate(messages, 1))
+
+
+def test_function_calling_asks_the_model_only_for_what_the_kill_lost(tmp_path: Path) -> None:
+    out = run_example("function_calling.py", tmp_path)
+    killed = re.search(r"killed the agent \(pid (\d+)\) with SIGKILL inside the forecast", out)
+    assert killed is not None
+    assert "resumed umbrella-check: COMPLETED, 3 step(s) from the log, 2 executed" in out
+
+    # The database, read with sqlite3 alone.
+    with closing(sqlite3.connect(tmp_path / "agent.db")) as conn:
+        status, result = conn.execute(
+            "SELECT status, result FROM runs WHERE run_id = 'umbrella-check'"
+        ).fetchone()
+        log = conn.execute(
+            "SELECT seq, kind, step, data FROM events WHERE run_id = 'umbrella-check' ORDER BY seq"
+        ).fetchall()
+    assert status == "COMPLETED"
+    killed_pid = json.loads(log[0][3])["pid"]
+    resumed_at, resumed = next((q, json.loads(d)) for q, k, _s, d in log if k == "RUN_RESUMED")
+    fresh_pid = resumed["pid"]
+    assert killed_pid == int(killed.group(1)) != fresh_pid
+    started = [json.loads(d)[0] for _q, k, _s, d in log if k == "STEP_STARTED"]
+    assert started[:4] == ["model", "tool", "model", "tool"]  # the killed process's
+    ends = {s: (q, json.loads(d)) for q, k, s, d in log if k == "STEP_COMPLETED"}
+    assert sorted(ends) == [1, 2, 3, 4, 5]
+    assert Counter(s for _q, k, s, _d in log if k == "STEP_COMPLETED") == dict.fromkeys(ends, 1)
+    assert [s for s, (q, _d) in ends.items() if q < resumed_at] == [1, 2, 3]
+    answers = [ends[step][1] for step in (1, 3, 5)]
+    for answer in answers:
+        assert answer["provider"] == "openai"
+        assert answer["model"] == "gpt-4o-mini-2024-07-18"
+        assert answer["usage"]["input_tokens"] > 0
+        assert answer["cost_usd"] > 0  # priced as gpt-4o-mini
+    assert [[c["arguments"] for c in a["tool_calls"]] for a in answers] == [
+        [{"city": "Lisbon"}],
+        [{"city": "Oslo"}],
+        [],
+    ]
+    assert json.loads(result) == {"answer": answers[2]["text"]}
+    assert "showers in Oslo" in answers[2]["text"]
+
+    # What the model server got: one request per answer, none again for a recorded one.
+    requests = jsonl(tmp_path / "model_requests.jsonl")
+    assert [int(r["pid"]) for r in requests] == [killed_pid, killed_pid, fresh_pid]
+    tools = [r["body"]["tools"] for r in requests]
+    assert all(offered == tools[0] for offered in tools)
+    assert tools[0][0]["function"]["name"] == "get_forecast"
+    assert tools[0][0]["function"]["parameters"]["required"] == ["city"]
+    assert "idempotency_key" not in tools[0][0]["function"]["parameters"]["properties"]
+    given = [[m for m in r["body"]["messages"] if m["role"] == "tool"] for r in requests]
+    assert [len(results) for results in given] == [0, 1, 2]
+    assert [json.loads(m["content"]) for m in given[2]] == [ends[2][1], ends[4][1]]
+
+    forecasts = jsonl(tmp_path / "forecasts.jsonl")
+    assert [(f["city"], f["pid"]) for f in forecasts] == [
+        ("Lisbon", killed_pid),
+        ("Oslo", killed_pid),  # killed inside it: IDEMPOTENT, so fetched again
+        ("Oslo", fresh_pid),
+    ]

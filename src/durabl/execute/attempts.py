@@ -18,6 +18,7 @@ When the opening is committed is decided by what a crash during the call must le
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 from durabl import codec, crashpoints, events
 from durabl.errors import EncodingError, StepFailed
 from durabl.execute.base import StepCall
-from durabl.flow import Park
+from durabl.flow import Hold, Park
 from durabl.journal import KEEP, NewEvent
 from durabl.store.base import KeyClaim, SideEffect
 from durabl.tools import RetryPolicy
@@ -84,11 +85,14 @@ def attempt(call: StepCall, spec: AttemptSpec) -> Any:
         retry_pending = False
         try:
             value = spec.call()
+        except (Hold, Park):
+            raise  # the step cannot be attempted as it is (a tool a ModelCall names is missing)
         except Exception as exc:
             crashpoints.reach(spec.returned)
             if attempt < spec.policy.max_attempts:
                 error = {"error_type": type(exc).__name__, "message": str(exc), "attempt": attempt}
-                schedule_retry(call, error, spec.policy.delay_s(attempt), opening)
+                delay_s = max(spec.policy.delay_s(attempt), retry_after_s(exc))
+                schedule_retry(call, error, delay_s, opening)
                 attempt += 1
                 continue
             err = spec.failure(spec.name, type(exc).__name__, str(exc), attempt)
@@ -99,6 +103,28 @@ def attempt(call: StepCall, spec: AttemptSpec) -> Any:
             raise err from None
         crashpoints.reach(spec.returned)
         return _complete(call, spec, value, attempt, opening)
+
+
+MAX_RETRY_AFTER_S = 3600.0
+"""The longest wait a server's Retry-After is followed for."""
+
+
+def retry_after_s(exc: BaseException) -> float:
+    """How long the failed call's server asked to be left alone: the error's ``retry_after_s``,
+    or the Retry-After header (seconds) of the HTTP response it carries, as the providers'
+    clients' errors do (a 429 or a 503). 0 when it asked nothing."""
+    value: Any = getattr(exc, "retry_after_s", None)
+    if value is None:
+        headers = getattr(getattr(exc, "response", None), "headers", None)
+        getter = getattr(headers, "get", None)
+        value = getter("retry-after") if callable(getter) else None
+    try:
+        seconds = float(value) if value is not None else 0.0
+    except (TypeError, ValueError):
+        return 0.0  # an HTTP date, or nonsense: the policy's own delay stands
+    if not math.isfinite(seconds):
+        return 0.0
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
 
 
 def _begin(call: StepCall, spec: AttemptSpec, retry_pending: bool) -> Opening:

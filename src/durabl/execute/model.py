@@ -12,7 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from durabl import codec, crashpoints, events
-from durabl.errors import BudgetExceeded, ModelCallFailed, NoModelError
+from durabl.errors import (
+    BadStepError,
+    BudgetExceeded,
+    ModelCallFailed,
+    NoModelError,
+    UnknownToolError,
+)
 from durabl.execute.attempts import AttemptSpec, Opening, attempt, record_failure
 from durabl.execute.base import StepCall
 from durabl.flow import Hold
@@ -43,7 +49,15 @@ def execute(call: StepCall) -> Any:
             on_chunk=services.on_chunk,
         )
         with answering(context):
-            answer = services.call_model(llm, step.prompt, step.params)
+            try:
+                answer = services.call_model(llm, step.prompt, step.params)
+            except UnknownToolError as missing:
+                known = ", ".join(missing.registered) or "none"
+                problem = (
+                    f"the ModelCall offers the model tool {missing.tool!r}, which is not "
+                    f"registered (registered: {known})"
+                )
+                raise Hold(BadStepError(problem).where(call.run_id, call.position)) from None
         return _priced(call, step, answer)
 
     spec = AttemptSpec(
