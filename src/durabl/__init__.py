@@ -5,6 +5,7 @@ step to a log, rebuilds state after a crash by replaying the workflow against th
 commits each tool's effect record together with its completion in one transaction.
 """
 
+from durabl.aio import Return
 from durabl.crashpoints import ProcessDeath
 from durabl.errors import (
     BudgetExceeded,
@@ -66,6 +67,7 @@ __all__ = [
     "Parallel",
     "ProcessDeath",
     "RetryPolicy",
+    "Return",
     "RunConflictError",
     "RunFailedError",
     "RunNotFinishedError",

@@ -113,7 +113,7 @@ class Drive:
         """Run the generator with one send/throw loop until it finishes, parks or is held."""
         run_input = codec.decode(self.input_text)
         ctx = Context(self.run_id, self.wf.name, run_input, self, self.now)
-        gen = self.wf.fn(ctx, **self.wf.bind(run_input))
+        gen = self.wf.steps(ctx, **self.wf.bind(run_input))  # an async one's through an adapter
         send: Any = None
         throw: BaseException | None = None
         try:
@@ -152,6 +152,9 @@ class Drive:
             return
         except Hold as hold:
             self._hold(hold.error)
+        finally:
+            if self.wf.is_async:
+                gen.close()  # the adapter closes the async generator and lets go of its loop
 
     def _check_hold(self) -> None:
         if self.hold is not None:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from durabl import codec, events, leases, replay
+from durabl.aio import AsyncRuntime
 from durabl.checks import check_text, check_type
 from durabl.engine import Engine, new_run_id
 from durabl.errors import DeadLetteredError, RunEndedError, RunFailedError, RunNotFinishedError
@@ -52,7 +53,7 @@ PARALLELISM = 8
 """How many branches of Parallel steps one runtime runs at once, over all its runs."""
 
 
-class Runtime:
+class Runtime(AsyncRuntime):
     """Runs workflows durably against one database."""
 
     journal_class: type[Journal] = Journal
@@ -145,12 +146,16 @@ class Runtime:
         return replay.decide(history, position, step)
 
     def call_tool(self, tool: Tool, args: dict[str, Any]) -> Any:
-        """Hand control to a tool: the only place durabl calls one (a seam)."""
-        return tool.fn(**args)
+        """Hand control to a tool: the only place durabl calls one (a seam). What an ``async
+        def`` tool returns is awaited here, on an event loop (``durabl.aio``)."""
+        return self._awaited(tool.fn(**args))
 
     def call_model(self, llm: Callable[..., Any], prompt: Any, params: dict[str, Any]) -> Any:
-        """Hand control to the model client: the only place durabl calls it."""
-        return llm(prompt, **params)
+        """Hand control to the model client: the only place durabl calls it. What an async
+        client returns is awaited here, on an event loop (``durabl.aio``)."""
+        from durabl.llm.call import current  # loaded with durabl.llm.call, above
+
+        return self._awaited(llm(prompt, **params), current())
 
     def _branch_pool(self) -> ThreadPoolExecutor:
         """The threads the branches of every Parallel of this runtime share (made at first use:
@@ -194,6 +199,7 @@ class Runtime:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        self._let_go_of_loop()  # durabl's private event loop stops when its last user closes
         self._leaser.close()
         self.store.close()
 

@@ -14,6 +14,7 @@ that workers on several hosts divide the runs instead of racing for them. Its lo
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import logging
 import selectors
@@ -173,7 +174,10 @@ class Worker:
                     failed_at_s is not None and time.monotonic() - failed_at_s < self.poll_s
                 ):
                     continue
-                future = pool.submit(self._drive, run_id, time.monotonic())
+                # In a copy of this thread's context: what the caller of ``run`` set there
+                # reaches every drive (the event loop of ``aserve``: ``durabl.aio``).
+                context = contextvars.copy_context()
+                future = pool.submit(context.run, self._drive, run_id, time.monotonic())
                 self._in_flight[run_id] = future
             future.add_done_callback(functools.partial(self._done, run_id))
 

@@ -1,10 +1,14 @@
-"""``@workflow``: the registry of workflows and how a run's input binds to parameters."""
+"""``@workflow``: the registry of workflows and how a run's input binds to parameters.
+
+A workflow is a generator function, or an async one (``async def`` with ``yield``): the drive
+runs the second through an adapter that advances it on an event loop (``durabl.aio``).
+"""
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Generator, Iterable
-from typing import Any
+from collections.abc import AsyncGenerator, Callable, Generator, Iterable
+from typing import Any, cast
 
 from durabl.errors import UnknownWorkflowError
 
@@ -12,10 +16,23 @@ _REGISTRY: dict[str, Workflow] = {}
 
 
 class Workflow:
-    """A generator function registered under a stable name (the name is what the log records)."""
+    """A generator function (or an async generator function) registered under a stable name
+    (the name is what the log records)."""
 
-    def __init__(self, fn: Callable[..., Generator[Any, Any, Any]], name: str) -> None:
-        if not inspect.isgeneratorfunction(fn):
+    def __init__(
+        self,
+        fn: Callable[..., Generator[Any, Any, Any] | AsyncGenerator[Any, Any]],
+        name: str,
+    ) -> None:
+        self.is_async = inspect.isasyncgenfunction(fn)
+        """An ``async def`` that yields its steps, and ``yield Return(value)`` its result."""
+        if inspect.iscoroutinefunction(fn):
+            raise TypeError(
+                f"@workflow {name!r} is an async function that yields nothing: an async workflow "
+                f"yields its steps (plan = yield ModelCall(...)) and its result "
+                f"(yield Return(value), from durabl.aio)"
+            )
+        if not (self.is_async or inspect.isgeneratorfunction(fn)):
             raise TypeError(
                 f"@workflow {name!r} must be a generator function: it yields steps "
                 f"(ModelCall, ToolCall, Sleep) and returns its result"
@@ -40,8 +57,20 @@ class Workflow:
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
-    def __call__(self, ctx: Any, *args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
+    def __call__(
+        self, ctx: Any, *args: Any, **kwargs: Any
+    ) -> Generator[Any, Any, Any] | AsyncGenerator[Any, Any]:
         return self.fn(ctx, *args, **kwargs)
+
+    def steps(self, ctx: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
+        """The generator of steps the drive runs: the workflow's own, or for an async workflow
+        the adapter that advances it on an event loop (``durabl.aio.AsyncSteps``, which hands
+        the body an async ``ctx``). The drive closes the adapter when its pass ends."""
+        if self.is_async:
+            from durabl.aio import AsyncSteps  # only async workflows need the loop bridge
+
+            return AsyncSteps(self.fn, ctx, kwargs)
+        return cast("Generator[Any, Any, Any]", self.fn(ctx, **kwargs))
 
     def __repr__(self) -> str:
         return f"<workflow {self.name}>"
@@ -79,7 +108,8 @@ class Workflow:
 
 
 def workflow(fn: Callable[..., Any] | None = None, *, name: str | None = None) -> Any:
-    """Register a generator function as a workflow: ``@workflow`` or ``@workflow(name="...")``."""
+    """Register a generator function (or an async one) as a workflow: ``@workflow`` or
+    ``@workflow(name="...")``."""
 
     def register(target: Callable[..., Any]) -> Workflow:
         wf = Workflow(target, name or target.__name__)
@@ -99,13 +129,16 @@ def build_registry(extra: Iterable[Any] | dict[str, Any] | None) -> dict[str, Wo
         elif callable(value):
             wf = Workflow(value, key or value.__name__)
         else:
-            raise TypeError(f"workflows must be generator functions, got {value!r}")
+            raise TypeError(
+                f"workflows must be generator functions (or async generator functions), "
+                f"got {value!r}"
+            )
         found[key or wf.name] = wf
     return found
 
 
 def resolve(target: Any, registry: dict[str, Workflow]) -> Workflow:
-    """A Workflow from a Workflow, a registered name, or a generator function."""
+    """A Workflow from a Workflow, a registered name, or a (sync or async) generator function."""
     if isinstance(target, Workflow):
         return target
     if isinstance(target, str):

@@ -27,6 +27,7 @@ failed once. A SIGKILLed child and the in-process harness therefore see the same
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from collections.abc import Callable
@@ -47,6 +48,7 @@ from durabl import (
     WaitSignal,
     tool,
 )
+from durabl.aio import Return
 from oracles.support import Outbox
 
 MODEL_RETRY = RetryPolicy(max_attempts=3, base_delay=2.0)
@@ -259,6 +261,21 @@ def mixed(ctx: Any, topic: str) -> Any:
     return {"paid": paid, "sent": sent, "tag": tag}
 
 
+async def mixed_async(ctx: Any, topic: str) -> Any:
+    """``mixed`` as an async workflow (``async def``, driven through ``durabl.aio``): a model
+    call, a timer, an explicit-key charge, an awaited uuid, a derived-key send, an awaited
+    coroutine between steps (not recorded), and ``yield Return``."""
+    idea = yield ModelCall(f"idea for {topic}")
+    yield Sleep(seconds=10)
+    paid = yield ToolCall(
+        "charge", {"amount": idea["tokens"], "memo": topic}, idempotency_key=f"pay-{topic}"
+    )
+    await asyncio.sleep(0)
+    tag = await ctx.uuid()
+    sent = yield ToolCall("send", {"to": "mixed", "body": idea["text"]})
+    yield Return({"paid": paid, "sent": sent, "tag": tag})
+
+
 def patched(ctx: Any, topic: str) -> Any:
     """``ctx.patched`` around other steps: a marker as the run's first record, before a model
     call; one between a timer and an AT_MOST_ONCE charge; one between a ctx value and the end of
@@ -448,6 +465,7 @@ CORPUS: tuple[Spec, ...] = (
     ),
     Spec("chaos.long", long, (("long-1", {"rounds": LONG_ROUNDS}),)),
     Spec("chaos.mixed", mixed, (("mixed-1", {"topic": "kelp"}),)),
+    Spec("chaos.mixed.async", mixed_async, (("mixed-async-1", {"topic": "eelgrass"}),)),
     Spec("chaos.patched", patched, (("patched-1", {"topic": "reefs"}),)),
     Spec(
         "chaos.signal",

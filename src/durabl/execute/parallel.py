@@ -18,6 +18,7 @@ leaves the run dead-lettered; a held one (an unknown tool, no model) holds it.
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -219,7 +220,9 @@ def _run_all(
         if step.fail_fast and any(o.failure is not None for o in outcomes):
             halt = True
         while waiting and len(running) < limit and not halt:
-            running.add(pool.submit(waiting.pop()[1]))
+            # In a copy of this thread's context: an async call in a branch runs on the loop
+            # the drive's own calls run on (the caller's, from the async API).
+            running.add(pool.submit(contextvars.copy_context().run, waiting.pop()[1]))
         if halt:
             waiting = []
         if not running:
