@@ -152,8 +152,9 @@ def test_a_call_whose_own_bound_would_pass_the_budget_is_refused(db: str) -> Non
     with Runtime(db, llm=Model(), budget=Budget(max_tokens=2000)) as rt:
         state = rt.run(careful, {"calls": 2, "max_tokens": 600}, run_id="bound")
         assert state.result["answers"] == ["answer to q0"]
-        assert "the call may use 600 more tokens, and 1500 of 2000 are spent" in (
-            state.result["refused"]
+        assert (
+            "the call may use 600 more tokens, and 1500 of 2000 are spent"
+            in (state.result["refused"])
         )
 
 
