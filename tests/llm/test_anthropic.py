@@ -232,6 +232,13 @@ def test_an_error_is_retried_by_durabl_s_policy(
     server.script(fail, Say("Recovered."))
     with runtime(db, client) as rt:
         state = rt.run(ask, {"prompt": "Hello?", "params": {}})
+        if fail.retry_after is not None:
+            # The server asked for 15 s, longer than the policy's backoff: the run waits for it.
+            assert state.status == events.SLEEPING
+            [retried] = recorded(rt, state.run_id, events.STEP_RETRY)
+            started = rt.store.load_log(state.run_id)[-1].at_s
+            assert retried[1]["retry_at_s"] - started == pytest.approx(15.0, abs=0.5)
+            [state] = rt.tick(retried[1]["retry_at_s"])
         retries = recorded(rt, state.run_id, events.STEP_RETRY)
     assert (state.status, state.result["text"]) == (events.COMPLETED, "Recovered.")
     assert [data["error_type"] for _step, data in retries] == [error_type]
