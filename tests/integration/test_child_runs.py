@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -103,12 +102,9 @@ def plain(ctx: Any, text: str) -> Any:
     yield ToolCall("shout", {"text": text})
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "children.db")
-    postgres_db: Callable[[], str] = request.getfixturevalue("postgres_db")
-    return postgres_db()
+@pytest.fixture
+def db(either_db: str) -> str:
+    return either_db
 
 
 def runtime(db: str, tools: Tools, clock: Clock | None = None) -> Runtime:

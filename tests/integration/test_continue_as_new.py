@@ -21,7 +21,6 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -82,12 +81,9 @@ def parent(ctx: Any, child: str, input: Any) -> Any:
     return {"child": (yield ChildRun(child, input))}
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "continue.db")
-    postgres_db: Callable[[], str] = request.getfixturevalue("postgres_db")
-    return postgres_db()
+@pytest.fixture
+def db(either_db: str) -> str:
+    return either_db
 
 
 def runtime(db: str, tools: Tools, clock: Clock | None = None) -> Runtime:

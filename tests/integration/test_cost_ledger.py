@@ -15,8 +15,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -83,12 +81,9 @@ def delegates(ctx: Any) -> Any:
     return "not refused"
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "ledger.db")
-    postgres_db: Callable[[], str] = request.getfixturevalue("postgres_db")
-    return postgres_db()
+@pytest.fixture
+def db(either_db: str) -> str:
+    return either_db
 
 
 def dollars(model: str, usage: dict[str, int] = USAGE) -> float:

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -121,12 +119,9 @@ def summarise(prompt: str, pages: list[str]) -> str:
     return f"{len(pages)} pages: " + "; ".join(pages)
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "parallel.db")
-    postgres_db: Callable[[], str] = request.getfixturevalue("postgres_db")
-    return postgres_db()
+@pytest.fixture
+def db(either_db: str) -> str:
+    return either_db
 
 
 def runtime(db: str, counted: Tools, **options: Any) -> Runtime:

@@ -20,9 +20,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -70,12 +69,9 @@ def note(text: str) -> str:
     return text
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "signals.db")
-    postgres_db: Callable[[], str] = request.getfixturevalue("postgres_db")
-    return postgres_db()
+@pytest.fixture
+def db(either_db: str) -> str:
+    return either_db
 
 
 @pytest.fixture
