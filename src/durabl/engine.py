@@ -298,14 +298,7 @@ class Engine:
         row = self.store.get_run(parent[0])
         if row is None or row.status != events.CANCELLED:
             return False
-        reason = f"its parent run {parent[0]} was cancelled"
-        journal.append(
-            [(events.RUN_CANCELLED, None, codec.encode({"reason": reason}))],
-            status=events.CANCELLED,
-            error=f"cancelled: {reason}",
-            wake_at_s=None,
-            durable=True,
-        )
+        journal.cancel(f"its parent run {parent[0]} was cancelled")
         return True
 
     # -- driving ---------------------------------------------------------------------------

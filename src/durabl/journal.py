@@ -205,6 +205,17 @@ class Journal:
             return []
         return [(events.STEP_STARTED, step.fingerprint, step.canonical)]
 
+    def cancel(self, reason: str) -> None:
+        """End the run CANCELLED, for ``reason``: RUN_CANCELLED, durably (and, for a child run,
+        its outcome in its parent's log with it)."""
+        self.append(
+            [(events.RUN_CANCELLED, None, codec.encode({"reason": reason}))],
+            status=events.CANCELLED,
+            error=f"cancelled: {reason}",
+            wake_at_s=None,
+            durable=True,
+        )
+
     def set_status(self, status: str, error: str | None = None) -> None:
         """Change the run's status (and error) with no event; nothing is written if the status
         is already ``status`` and no error is given."""

@@ -195,13 +195,7 @@ def cancel(engine: Engine, run_id: str, reason: str) -> RunState:
         if row.status in events.TERMINAL_STATUSES:
             raise AlreadyTerminalError(run_id=run_id, status=row.status)
         journal = engine.journal(row, token)
-        journal.append(
-            [(events.RUN_CANCELLED, None, codec.encode({"reason": reason}))],
-            status=events.CANCELLED,
-            error=f"cancelled: {reason}",
-            wake_at_s=None,
-            durable=True,
-        )
+        journal.cancel(reason)
     for child_id in open_children(journal.history):
         try:
             child_id = engine.latest(child_id)  # where a child's ContinueAsNew chain has got
