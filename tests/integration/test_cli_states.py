@@ -154,12 +154,15 @@ def test_show_in_every_state(states: Cli, answers: dict[Any, Any]) -> None:
         assert bool(compacted) == (run_id in COMPACTED), text
     assert "error: NonDeterminismError" in answers["held", "show"].stdout
     assert "DEAD_LETTERED" in answers["dead", "show"].stdout.splitlines()[-1]
-    # a compacted run: one line for the folded prefix, then the events after it
+    # a compacted run: its spend (its model reports usage and names no model, so no price),
+    # one line for the folded prefix, then the events after it
     lines = answers["c-completed", "show"].stdout.splitlines()
-    assert lines[1] == "seqs 1..12 were compacted into a snapshot of 4 steps"
-    assert lines[2].split() == ["SEQ", "TIME", "(UTC)", "KIND", "STEP", "DATA"]
-    assert [line.split()[0] for line in lines[3:]] == ["13"]
-    assert "RUN_COMPLETED" in lines[3]
+    assert lines[1].startswith("spend: unknown (1 answer of a model with no price), 25 tokens")
+    assert lines[2].startswith("no price, cost unknown: step ")
+    assert lines[3] == "seqs 1..12 were compacted into a snapshot of 4 steps"
+    assert lines[4].split() == ["SEQ", "TIME", "(UTC)", "KIND", "STEP", "DATA"]
+    assert [line.split()[0] for line in lines[5:]] == ["13"]
+    assert "RUN_COMPLETED" in lines[5]
     shown = states.json("show", "c-running")
     assert (shown["watermark"], shown["snapshot_steps"], shown["events"]) == (6, 2, [])
     whole = states.json("show", "completed")

@@ -5,7 +5,9 @@ The page must show the dispatched card while the killed process is gone, then a 
 for each process and the completed run after the restart; it must load nothing from anywhere but
 the local server, stay readable at phone width, be usable from the keyboard, and say "database
 unavailable" while the file is gone rather than go blank. The server must never change the
-database's bytes.
+database's bytes. It shows what a run's model answers spent (a model with no price as unknown,
+never 0), what a crash made it spend again, the text a stream had got when it was cut off, and
+the spend of a run with the runs it started.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +33,20 @@ from playwright.sync_api import Page, expect, sync_playwright
 from durabl import (
     ChildRun,
     ContinueAsNew,
+    ModelCall,
     Parallel,
     RetryPolicy,
     Runtime,
     ToolCall,
     WaitSignal,
+    ledger,
+    llm,
+    metrics,
     tool,
     workflow,
 )
+from durabl.crashpoints import ProcessDeath
+from durabl.store import open_store
 
 AGENT = Path(__file__).with_name("sigkill_agent.py")
 RUN_ID = "courier-1"
@@ -470,3 +480,142 @@ def test_linked_runs_are_links_and_continued_runs_have_a_style(
     finally:
         assert dashboard.stop() == 0
     assert requests and all(url.startswith(dashboard.url) for url in requests), requests
+
+
+USAGE = {"input_tokens": 1000, "output_tokens": 500, "cached_tokens": 200, "total_tokens": 1500}
+ANSWER_USD = (800 * 0.15 + 200 * 0.075 + 500 * 0.60) / 1e6  # gpt-4o-mini's list price
+
+
+def answer(prompt: Any, **params: Any) -> dict[str, Any]:
+    """The model: answers with its name and its usage."""
+    return {"text": f"answer to {prompt}", "model": params.get("model", "gpt-4o-mini"),
+            "usage": dict(USAGE)}  # fmt: skip
+
+
+def dies_mid_stream(prompt: Any, **params: Any) -> dict[str, Any]:
+    """The model, whose process dies while it streams an answer, after 12 characters."""
+    if not params.get("stream"):
+        return answer(prompt, **params)
+    answering = llm.current()
+    assert answering is not None
+    for piece in ("The ", "plan ", "is "):
+        answering.chunk(piece)
+    answering.flush()
+    raise ProcessDeath("mid-stream")
+
+
+@workflow(name="ui.checker")
+def checker(ctx: Any) -> Any:
+    return (yield ModelCall("check the plan"))["text"]
+
+
+@workflow(name="ui.spender")
+def spender(ctx: Any) -> Any:
+    plan = yield ModelCall("plan")
+    draft = yield ModelCall("draft", stream=True)
+    house = yield ModelCall("house", model="house-model-7")  # a model with no price
+    checked = yield ChildRun(checker)
+    return [plan["text"], draft["text"], house["text"], checked]
+
+
+def figures(page: Page) -> dict[str, str]:
+    return dict(zip(page.locator("#metrics dt").all_inner_texts(),
+                    page.locator("#metrics dd").all_inner_texts(), strict=True))  # fmt: skip
+
+
+def test_what_a_run_spent_and_spent_again_after_a_stream_was_cut_off(
+    tmp_path: Path, browser_page: tuple[Page, list[str]]
+) -> None:
+    page, requests = browser_page
+    db = tmp_path / "spend.db"
+    # A short lease, so that once the process is "dead" (the death is simulated in this one)
+    # its lease runs out and no one drives the run, as after a real crash.
+    with Runtime(db, llm=dies_mid_stream, lease_s=1.0) as rt, pytest.raises(ProcessDeath):
+        rt.run(spender, run_id="spender")
+    with closing(open_store(str(db), read_only=True)) as store:
+        row = store.get_run("spender")
+        assert row is not None and row.lease is not None
+        time.sleep(max(0.0, row.lease.expires_s - time.time()) + 0.1)
+
+    dashboard = Dashboard(db)
+    cut = page.locator("#step-2 .partial")
+    try:
+        page.goto(f"{dashboard.url}#run=spender")
+        expect(cut).to_have_count(1, timeout=WAIT_MS)
+        expect(page.locator("#step-2")).to_have_attribute("data-state", "pending")
+        expect(cut).to_have_attribute("data-attempt", "1")
+        expect(cut).to_have_attribute("data-cut", "true")
+        expect(cut.locator("p")).to_have_text(
+            "cut off mid-stream, attempt 1 (12 characters): its process is gone; the next "
+            "process to resume the run makes the call again"
+        )
+        assert cut.locator("blockquote").text_content() == "The plan is "
+        expect(page.locator("#step-1 .spend")).to_have_text(
+            f"1500 tokens (1000 in, 500 out, 200 cached) · ${ANSWER_USD:.6f}"
+        )
+
+        # a new process asks again while the page watches
+        with Runtime(db, llm=answer, workflows=[spender, checker]) as rt:
+            assert rt.resume("spender").status == "COMPLETED"
+        expect(page.locator("#run-status")).to_contain_text("COMPLETED", timeout=WAIT_MS)
+        expect(page.locator("#step-2")).to_have_attribute("data-state", "done in this process")
+        expect(cut).to_have_attribute("data-cut", "true")
+        expect(cut.locator("p")).to_have_text(
+            "cut off mid-stream, attempt 1 (12 characters): its process died; the call was "
+            "made again"
+        )
+        expect(page.locator("#step-2 .spend")).to_have_text(
+            f"1500 tokens (1000 in, 500 out, 200 cached) · ${ANSWER_USD:.6f}"
+        )
+        expect(page.locator("#step-2")).to_contain_text("answer to draft")
+        expect(page.locator("#step-3 .spend")).to_have_text(
+            "1500 tokens (1000 in, 500 out, 200 cached) · cost unknown: no price for house-model-7"
+        )
+        assert page.locator("#step-1 .partial, #step-3 .partial").count() == 0
+        with closing(open_store(str(db), read_only=True)) as store:
+            tree = ledger.spend(store, "spender")
+            folded = metrics.of_run(store, "spender")
+        assert (tree.runs, tree.tokens, tree.unpriced_calls) == (2, 6000, 1)
+        unknown = "unknown for 1 answer of a model with no price"
+        expect(page.locator("#metrics")).to_contain_text("with the runs it started")
+        shown = figures(page)
+        assert shown["tokens"] == "4500"
+        assert shown["cost"] == f"${2 * ANSWER_USD:.6f} + {unknown}"  # not $0 for the third
+        assert shown["re-executed spend (estimated)"] == (
+            f"${ANSWER_USD:.6f} · 1500 tokens (1 model call made again)"
+        )
+        assert shown["cut-off streamed text"] == "12 characters"
+        assert shown["with the runs it started"] == (
+            f"${tree.cost_usd:.6f} + {unknown} · 6000 tokens · 2 runs"
+        )
+        # what the server folded poll by poll is what the whole log folds to
+        status, body = dashboard.get("/api/runs/spender?after=0")
+        assert status == 200 and body["metrics"] == folded.as_dict()
+        assert body["with_runs_started"] == {
+            "tokens": tree.tokens, "cost_usd": tree.cost_usd, "unpriced_calls": 1, "runs": 2,
+            "complete": True,
+        }  # fmt: skip
+
+        # the child started no run: its own spend only
+        page.locator("#links").get_by_role("link", name="spender-4").click()
+        expect(page.locator("#run-title")).to_have_text("Run spender-4")
+        expect(page.locator("#step-1 .spend")).to_have_count(1, timeout=WAIT_MS)
+        shown = figures(page)
+        assert shown["cost"] == f"${ANSWER_USD:.6f}"
+        assert shown["re-executed spend (estimated)"] == "none"
+        assert "with the runs it started" not in shown
+        page.screenshot(path=str(tmp_path / "spend.png"), full_page=True)
+    finally:
+        assert dashboard.stop() == 0
+    assert requests and all(url.startswith(dashboard.url) for url in requests), requests
+
+    # compacted: the figures of the folded prefix come from the snapshot, for a fresh server too
+    with Runtime(db) as rt:
+        assert "spender" in {c.run_id for c in rt.compact().runs}
+    again = Dashboard(db)
+    try:
+        status, body = again.get("/api/runs/spender?after=0")
+    finally:
+        assert again.stop() == 0
+    assert status == 200 and body["compacted"] > 0
+    assert body["metrics"] == folded.as_dict()

@@ -16,7 +16,7 @@ from dataclasses import asdict
 from durabl import events
 from durabl.cli.opening import read_store
 from durabl.cli.options import EXIT_FAILED, EXIT_OK, OPTIONAL, Commands, UsageError, port
-from durabl.cli.render import Grid, console, emit, headline
+from durabl.cli.render import Grid, console, dollars, emit, headline
 from durabl.ledger import spend
 from durabl.metrics import Metrics, of_run
 from durabl.store import doctor, is_postgres_url
@@ -123,7 +123,7 @@ def _metrics(args: argparse.Namespace) -> int:
         if tree.runs > 1:
             lines.append(
                 f"with the {counted(tree.runs - 1, 'run')} it started: {tree.tokens} tokens, "
-                f"{_dollars(tree.cost_usd, tree.unpriced_calls)}"
+                f"{dollars(tree.cost_usd, tree.unpriced_calls)}"
             )
         emit(args, {**per_run[0], "with_runs_started": together}, *lines)
         return EXIT_FAILED if row.status == events.FAILED else EXIT_OK
@@ -166,20 +166,13 @@ def _figures(m: Metrics) -> list[list[str]]:
         ["output tokens", str(m.output_tokens)],
         ["total tokens", str(m.total_tokens)],
         ["re-executed tokens", f"{m.reexecuted_tokens} (estimated)"],
-        ["cost", _dollars(m.cost_usd, m.unpriced_model_calls)],
+        ["cost", dollars(m.cost_usd, m.unpriced_model_calls)],
         ["re-executed cost", f"${m.reexecuted_cost_usd:.6f} (estimated)"],
         ["cut-off streamed text", f"{m.partial_chars} characters"],
         ["wall clock", f"{m.wall_s:.3f} s"],
         ["time in steps", f"{m.step_s:.3f} s"],
         ["timer waits", f"{m.timer_wait_s:.3f} s"],
     ]
-
-
-def _dollars(cost_usd: float, unpriced: int) -> str:
-    """A cost, and how many answers it leaves out for want of a price (unknown, not free)."""
-    if not unpriced:
-        return f"${cost_usd:.6f}"
-    return f"${cost_usd:.6f} + {counted(unpriced, 'answer')} of a model with no price"
 
 
 def _doctor(args: argparse.Namespace) -> int:

@@ -4,6 +4,12 @@
 None of them writes to the database: ``runs``, ``show`` and ``export-traces`` read through a
 read-only store, and ``replay --dry`` runs the workflow code against a runtime on one, which
 executes nothing. ``export-traces --out`` writes its own file, and only that.
+
+``show`` says what a run spent on models: each model answer's tokens and cost where its event
+or its step is shown, a line that sums them (``durabl.metrics``: cost, tokens, what a crash made
+the run spend again) and names the answers of a model with no price, whose cost is unknown, not
+0. A streamed answer's text so far (STEP_PARTIAL) is shown shortened, and marked as cut off when
+its attempt ended without an answer: a crash, a failure, or a process that is gone.
 """
 
 from __future__ import annotations
@@ -15,14 +21,16 @@ import os
 import re
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from typing import Any
 
-from durabl import events, replay, telemetry
+from durabl import events, leases, replay, telemetry
 from durabl.cli.opening import read_store, runtime
 from durabl.cli.options import EXIT_FAILED, EXIT_OK, REQUIRED, Commands, UsageError, positive_whole
-from durabl.cli.render import Grid, emit, headline, print_state, short, when
-from durabl.replay import History
+from durabl.cli.render import Grid, dollars, emit, headline, print_state, short, when
+from durabl.metrics import Metrics, MetricsFold
+from durabl.replay import History, StepRecord
 from durabl.states import RunCheck
 from durabl.store import Store, open_store
 from durabl.store.base import RunRow
@@ -234,6 +242,8 @@ class _Loaded:
     watermark: int
     waiting: dict[str, Any] | None
     links: dict[str, Any]
+    live: bool
+    """A process holds the run's lease and is alive: a step in flight is being driven."""
 
     @property
     def folded_steps(self) -> int:
@@ -252,7 +262,15 @@ def _load(store: Store, run_id: str) -> _Loaded:
     watermark, snapshot, log = store.load_history(run_id)
     history = History.from_events(run_id, log, watermark=watermark, snapshot=snapshot)
     found = lineage(store, run_id, (watermark, snapshot, log))
-    return _Loaded(row, log, history, watermark, waiting_for(store, row), links(store, row, found))
+    lease = row.lease
+    live = (
+        lease is not None
+        and lease.expires_s > time.time()
+        and not leases.owner_gone(run_id, lease, store)
+    )
+    return _Loaded(
+        row, log, history, watermark, waiting_for(store, row), links(store, row, found), live
+    )
 
 
 def _about(run: _Loaded) -> list[str | Grid]:
@@ -286,6 +304,9 @@ def _show(args: argparse.Namespace) -> int:
 
 def _timeline(args: argparse.Namespace, run: _Loaded) -> None:
     """The events after the compacted prefix (all of them if there is none), one per line."""
+    partials = {p.seq: p for p in _partials(run)}
+    figures = MetricsFold.of(run.log, run.history.folded_metrics).m
+    unpriced = _unpriced(run.history)
     payload = {
         "run_id": run.row.run_id,
         "status": run.row.status,
@@ -293,23 +314,215 @@ def _timeline(args: argparse.Namespace, run: _Loaded) -> None:
         "links": run.links,
         "watermark": run.watermark,
         "snapshot_steps": run.folded_steps,
+        "spend": _spend_json(figures, unpriced) if figures.total_tokens else None,
         "events": [
-            {"seq": e.seq, "at_s": e.at_s, "kind": e.kind, "step": e.step, "data": _data(e.data)}
+            {
+                "seq": e.seq,
+                "at_s": e.at_s,
+                "kind": e.kind,
+                "step": e.step,
+                "data": _data(e.data),
+                **({"outcome": partials[e.seq].outcome} if e.seq in partials else {}),
+            }
             for e in run.log
         ],
     }
     table = [
-        [str(e.seq), when(e.at_s), e.kind, str(e.step) if e.step else "", short(e.data)]
+        [str(e.seq), when(e.at_s), e.kind, str(e.step) if e.step else "", _cell(run, e, partials)]
         for e in run.log
     ]
     parts: list[str | Grid] = [headline(run.row)]
     if run.row.error:
         parts.append(f"error: {run.row.error}")
     parts.extend(_about(run))
+    if figures.total_tokens:  # the answers report usage: what they cost, and what was lost
+        parts.append(_spend_line(figures, _lost_unpriced(run.history, unpriced)))
+        if unpriced:
+            parts.append(_unpriced_line(unpriced))
     if run.watermark:
         parts.append(run.compacted)
     parts.append(Grid(["SEQ", "TIME (UTC)", "KIND", "STEP", "DATA"], table))
     emit(args, payload, *parts)
+
+
+def _cell(run: _Loaded, e: events.Event, partials: dict[int, _Partial]) -> str:
+    """An event's DATA: a model answer as its model, tokens, cost and text; a streamed
+    answer's text so far, marked as cut off when its attempt ended without an answer."""
+    if e.seq in partials:
+        return partials[e.seq].cell()
+    rec = run.history.steps.get(e.step) if e.kind == events.STEP_COMPLETED else None
+    answer = _answer(rec) if rec is not None else None
+    if answer is None:
+        return short(e.data)
+    text = answer.get("text")
+    about = f"{answer['model']}, " if isinstance(answer.get("model"), str) else ""
+    said = f'"{short(text)}"' if isinstance(text, str) else short(e.data)
+    return f"{about}{_spent(_spend_of(answer))}: {said}"
+
+
+def _is_model(rec: StepRecord) -> bool:
+    if rec.canonical is not None:
+        return rec.canonical.startswith('["model"')
+    return (rec.description or "").startswith("ModelCall(")
+
+
+def _answer(rec: StepRecord) -> dict[str, Any] | None:
+    """A model step's recorded answer, if it is an object that reports its usage."""
+    if not _is_model(rec) or not rec.done or not (rec.result_text or "").startswith("{"):
+        return None
+    answer = json.loads(rec.result_text or "{}")
+    return answer if isinstance(answer.get("usage"), dict) else None
+
+
+def _tokens(usage: dict[str, Any]) -> int:
+    """The answer's tokens, as ``durabl.metrics`` counts them: its total, else in + out."""
+    total = usage.get("total_tokens")
+    if isinstance(total, int) and total > 0:
+        return total
+    parts = (
+        usage.get("input_tokens", usage.get("prompt_tokens")),
+        usage.get("output_tokens", usage.get("completion_tokens")),
+    )
+    return sum(n for n in parts if isinstance(n, int) and n > 0)
+
+
+def _spend_of(answer: dict[str, Any]) -> dict[str, Any]:
+    """A model answer's tokens, cost (None: unknown) and model."""
+    cost = answer.get("cost_usd")
+    model = answer.get("model")
+    return {
+        "tokens": _tokens(answer["usage"]),
+        "cost_usd": cost if isinstance(cost, int | float) and not isinstance(cost, bool) else None,
+        "model": model if isinstance(model, str) else None,
+    }
+
+
+def _spent(spend: dict[str, Any]) -> str:
+    """An answer's tokens and cost ("1500 tokens, $0.000435"); a model's with no price is
+    unknown, never $0."""
+    cost, model = spend["cost_usd"], spend["model"]
+    if cost is not None:
+        priced = f"${cost:.6f}"
+    else:
+        priced = "cost unknown" + ("" if model is None else f" (no price for {model})")
+    return f"{spend['tokens']} tokens, {priced}"
+
+
+def _unpriced(history: History) -> dict[int, str]:
+    """The model steps whose answer reports usage and has no cost (position -> its model)."""
+    found = {}
+    for position, rec in sorted(history.steps.items()):
+        answer = _answer(rec)
+        if answer is not None and answer.get("cost_usd") is None:
+            model = answer.get("model")
+            found[position] = model if isinstance(model, str) else "no model named"
+    return found
+
+
+def _lost_unpriced(history: History, unpriced: dict[int, str]) -> bool:
+    """Whether an answer of a model with no price was asked more than once for want of a
+    recorded outcome (a crash lost it): re-executed spend that no price can cost."""
+    return any(history.steps[p].attempts - history.steps[p].retries > 1 for p in unpriced)
+
+
+def _spend_line(m: Metrics, lost_unpriced: bool) -> str:
+    """The run's spend in one line: cost, tokens, what was spent again, cut-off text."""
+    line = (
+        f"spend: {dollars(m.cost_usd, m.unpriced_model_calls)}, {m.total_tokens} tokens "
+        f"({m.input_tokens} in, {m.output_tokens} out) over {counted(m.model_calls, 'model call')}"
+    )
+    if m.reexecuted_model_calls:
+        cost = f"${m.reexecuted_cost_usd:.6f}"
+        if lost_unpriced:  # a call of a model with no price was among them
+            cost = f"{cost} + unknown" if m.reexecuted_cost_usd else "unknown"
+        again = (
+            f"{cost}, {m.reexecuted_tokens} tokens for "
+            f"{counted(m.reexecuted_model_calls, 'model call')} made again"
+        )
+    else:
+        again = "none"
+    line += f"; re-executed (estimated): {again}"
+    if m.partial_chars:
+        line += f"; cut-off streamed text: {counted(m.partial_chars, 'character')}"
+    return line
+
+
+def _unpriced_line(unpriced: dict[int, str]) -> str:
+    """Names the answers of a model with no price: their step and their model."""
+    named = ", ".join(f"step {position} ({model})" for position, model in unpriced.items())
+    return f"no price, cost unknown: {named}"
+
+
+_SPEND_FIGURES = (
+    "cost_usd", "unpriced_model_calls", "model_calls", "input_tokens", "output_tokens",
+    "total_tokens", "reexecuted_model_calls", "reexecuted_tokens", "reexecuted_cost_usd",
+    "partial_chars",
+)  # fmt: skip
+
+
+def _spend_json(m: Metrics, unpriced: dict[int, str]) -> dict[str, Any]:
+    """The figures the spend line sums (``durabl.metrics``), and the answers with no price."""
+    return {
+        **{name: getattr(m, name) for name in _SPEND_FIGURES},
+        "unpriced_steps": [{"step": step, "model": model} for step, model in unpriced.items()],
+    }
+
+
+@dataclass
+class _Partial:
+    """One STEP_PARTIAL: the text an attempt had streamed by then, and how that attempt ended:
+    "finished" (its answer is recorded), "cut off" (a crash, a failure or a retry ended it
+    without an answer, or no live process drives it), or "streaming" (its process lives)."""
+
+    seq: int
+    step: int
+    attempt: int
+    text: str
+    outcome: str = "streaming"
+    last: bool = True
+    """The last text recorded for its attempt: where a cut-off attempt stopped."""
+
+    def cell(self) -> str:
+        said = f'"{short(self.text, 50)}"'
+        if self.outcome == "cut off" and self.last:
+            return (
+                f"cut off, attempt {self.attempt} ({counted(len(self.text), 'character')}): {said}"
+            )
+        later = {"cut off": "cut off later", "finished": "finished"}.get(self.outcome, "streaming")
+        return f"attempt {self.attempt} so far ({later}): {said}"
+
+
+def _partials(run: _Loaded) -> list[_Partial]:
+    """Every STEP_PARTIAL of the log, with how its attempt ended."""
+    found: list[_Partial] = []
+    open_steps: dict[int, list[_Partial]] = {}  # step -> the partials of its attempt in flight
+
+    def end(step: int, outcome: str) -> None:
+        for partial in open_steps.pop(step, []):
+            partial.outcome = outcome
+
+    for e in run.log:
+        if e.kind == events.STEP_PARTIAL:
+            data = _data(e.data)
+            data = data if isinstance(data, dict) else {}
+            text = data.get("text")
+            text = text if isinstance(text, str) else ""
+            partial = _Partial(e.seq, e.step, data.get("attempt") or 0, text)
+            for earlier in open_steps.get(e.step, []):
+                if earlier.attempt == partial.attempt:
+                    earlier.last = False
+            open_steps.setdefault(e.step, []).append(partial)
+            found.append(partial)
+        elif e.kind == events.STEP_COMPLETED:
+            end(e.step, "finished")
+        elif e.kind in (events.STEP_STARTED, events.STEP_RETRY, events.STEP_FAILED):
+            end(e.step, "cut off")  # a new attempt, or a failed one: no answer came of it
+        elif e.kind == events.RUN_RESUMED:
+            for step in list(open_steps):  # its streams died with the process before
+                end(step, "cut off")
+    for step in list(open_steps):
+        end(step, "streaming" if run.live else "cut off")
+    return found
 
 
 def _data(text: str | None) -> Any:
@@ -337,6 +550,7 @@ def _trace(args: argparse.Namespace, run: _Loaded) -> None:
     copied = _copied_until(run)
     resumed_at = [seq for seq in history.resumed_at if seq > copied]  # the fork's own
     branches = _branches(history)
+    streamed = _streamed(run)
     steps: list[dict[str, Any]] = []
     for position in sorted(history.steps):
         rec = history.steps[position]
@@ -364,6 +578,11 @@ def _trace(args: argparse.Namespace, run: _Loaded) -> None:
                 "how": how,
                 "process": process,
                 "branch_of": branches.get(position),
+                "spend": _step_spend(rec),
+                "partials": [
+                    {"attempt": p.attempt, "text": p.text, "outcome": p.outcome}
+                    for p in streamed.get(position, [])
+                ],
             }
         )
     payload = {
@@ -377,9 +596,6 @@ def _trace(args: argparse.Namespace, run: _Loaded) -> None:
         "links": run.links,
         "steps": steps,
     }
-    table = [
-        [str(s["position"]), str(s["how"]), str(s["process"] or "-"), _step_cell(s)] for s in steps
-    ]
     head = headline(run.row) + "; "
     if resumed_at:
         seqs = ", ".join(str(seq) for seq in resumed_at)
@@ -396,7 +612,20 @@ def _trace(args: argparse.Namespace, run: _Loaded) -> None:
     parts.extend(_about(run))
     if run.watermark:
         parts.append(run.compacted)
-    emit(args, payload, *parts, Grid(["STEP", "HOW", "PROCESS", "DESCRIPTION"], table))
+    emit(args, payload, *parts, _trace_table(steps, streamed))
+
+
+def _trace_table(steps: list[dict[str, Any]], streamed: dict[int, list[_Partial]]) -> Grid:
+    """One row per step; under a model step, a row for each attempt that streamed text and
+    has no answer (cut off, or streaming now)."""
+    table: list[list[str]] = []
+    for s in steps:
+        table.append([str(s["position"]), str(s["how"]), str(s["process"] or "-"), _step_cell(s)])
+        indent = "    " if s["branch_of"] else "  "
+        for p in streamed.get(s["position"], []):
+            if p.outcome != "finished":  # a finished attempt's text is its answer, above
+                table.append(["", "", "", indent + p.cell()])
+    return Grid(["STEP", "HOW", "PROCESS", "DESCRIPTION"], table)
 
 
 _FOLDED_PARALLEL = re.compile(r"Parallel\((\d+) steps?: ")
@@ -420,12 +649,31 @@ def _branches(history: History) -> dict[int, dict[str, int]]:
 
 
 def _step_cell(step: dict[str, Any]) -> str:
-    """A step's description in the trace; a Parallel's branch indented under it and marked."""
+    """A step's description in the trace, with a model answer's tokens and cost after it; a
+    Parallel's branch indented under it and marked."""
     branch = step["branch_of"]
+    spend = step["spend"]
+    spent = "" if spend is None else f"; {_spent(spend)}"
     if branch is None:
-        return short(step["description"])
+        return short(step["description"]) + spent
     mark = f"branch {branch['branch']} of {branch['of']} (step {branch['step']}): "
-    return "  " + short(mark + step["description"])
+    return "  " + short(mark + step["description"]) + spent
+
+
+def _step_spend(rec: StepRecord) -> dict[str, Any] | None:
+    """A model step's answer's tokens, cost and model; None for any other step."""
+    answer = _answer(rec)
+    return None if answer is None else _spend_of(answer)
+
+
+def _streamed(run: _Loaded) -> dict[int, list[_Partial]]:
+    """Per step, the last text each of its streamed attempts recorded (in the log after any
+    compacted prefix), with how the attempt ended."""
+    found: dict[int, list[_Partial]] = {}
+    for partial in _partials(run):
+        if partial.last:
+            found.setdefault(partial.step, []).append(partial)
+    return found
 
 
 def _export_traces(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ from durabl import codec, events
 from durabl.cli.options import EXIT_FAILED, EXIT_OK
 from durabl.runtime import RunState
 from durabl.store.base import RunRow
+from durabl.text import counted
 
 _SHORT = 60
 
@@ -111,3 +112,11 @@ def print_state(args: argparse.Namespace, state: RunState) -> int:
     """Print a run's state; the exit code: 1 if the run ended FAILED, else 0."""
     emit(args, state.as_dict(), state_text(state))
     return EXIT_FAILED if state.status == events.FAILED else EXIT_OK
+
+
+def dollars(cost_usd: float, unpriced: int) -> str:
+    """A cost, and how many answers it leaves out for want of a price (unknown, not free)."""
+    if not unpriced:
+        return f"${cost_usd:.6f}"
+    unknown = f"{counted(unpriced, 'answer')} of a model with no price"
+    return f"${cost_usd:.6f} + {unknown}" if cost_usd else f"unknown ({unknown})"

@@ -4,9 +4,12 @@ The server answers three kinds of request: the page itself (three static files s
 package, no external asset), the run list (``/api/runs``, paged), and one run's events after a
 seq (``/api/runs/<id>?after=N``). The page folds the events it receives into step cards itself,
 so a poll costs one indexed read of the new events, however long the run's log is. A run's
-answer also names the runs it is linked to (parent, children, continued from and as), from a
-lineage the server keeps per run and folds the new events into (``lineages``), and one read of
-each linked run's status.
+answer also names the runs it is linked to (parent, children, continued from and as), with one
+read of each linked run's status, and gives the run's figures (``metrics``: its tokens, its
+cost, what a crash made it spend again) and, for a run that started others, the spend of them
+all (``with_runs_started``): both from folds the server keeps per run and folds the new events
+into (``folds``), so they cost no read of a whole log after the first. The run list reads no
+run's log.
 
 The database is opened read-only (``mode=ro``, ``query_only``): nothing is migrated or written.
 SQLite may still create empty ``-wal``/``-shm`` companion files beside a WAL database it reads,
@@ -34,8 +37,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from durabl import events, leases
 from durabl.errors import DurablError
 from durabl.store import Store, is_postgres_url, open_store
-from durabl.store.reads import links, waiting_for
-from durabl.ui.lineages import Lineages
+from durabl.store.reads import continued_as, links, waiting_for
+from durabl.ui.folds import RunFolds, TreeSpend
 
 STATIC = {
     "/": ("index.html", "text/html; charset=utf-8"),
@@ -77,7 +80,7 @@ class Reader:
         self._lock = threading.Lock()
         self._store: Store | None = None
         self._identity: tuple[int, int] | None = None
-        self.lineages = Lineages()
+        self.folds = RunFolds()
 
     def open(self) -> Store:
         """The store of the file now at the path. A user error (not a durabl database, a newer
@@ -117,7 +120,7 @@ class Reader:
             finally:
                 self._store = None
                 self._identity = None
-                self.lineages.clear()
+                self.folds.clear()
 
 
 def _int(query: dict[str, list[str]], name: str, default: int, low: int, high: int) -> int:
@@ -187,14 +190,20 @@ def run_events(
         row = store.get_run(run_id)
         if row is None:
             raise NotFound(f"no run {run_id!r} in {reader.path}")
-        log, found = reader.lineages.read(store, row, max(after, row.watermark))
+        log, found = reader.folds.read(store, row, max(after, row.watermark))
         log = log[:MAX_EVENTS]
+        figures = found.metrics
+        started = found.lineage.children or continued_as(row) is not None
         return {
             "run": {
                 **_run_json(row, now_s),
                 "waiting_for": waiting_for(store, row),
-                "links": links(store, row, found, most_children=MAX_CHILDREN),
+                "links": links(store, row, found.lineage, most_children=MAX_CHILDREN),
             },
+            "metrics": None if figures is None else figures.as_dict(),
+            "with_runs_started": (
+                _tree_json(reader.folds.spend(store, row, found)) if started else None
+            ),
             "compacted": row.watermark if after < row.watermark else 0,
             "events": [
                 {
@@ -211,6 +220,10 @@ def run_events(
 
     result: dict[str, Any] = reader.read(work)
     return result
+
+
+def _tree_json(tree: TreeSpend) -> dict[str, Any]:
+    return {**asdict(tree.spend), "complete": tree.complete}
 
 
 class Handler(BaseHTTPRequestHandler):

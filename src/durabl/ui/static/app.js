@@ -1,6 +1,8 @@
 // The dashboard page: polls the read-only API and folds each run's events into step cards.
 // A poll asks only for the events after the last seq it holds, and only the cards those events
-// touch are drawn again, so watching a long run costs what watching a short one does.
+// touch are drawn again, so watching a long run costs what watching a short one does. The run's
+// figures (its tokens and cost, what a crash made it spend again) come with each answer, folded
+// by the server from the whole log, compacted prefix included.
 "use strict";
 
 const RUN_POLL_MS = 500;
@@ -16,7 +18,7 @@ function fresh(runId) {
     runId, lastSeq: 0, process: 0, live: false, row: null, compacted: 0, terminal: null,
     cards: new Map(), nodes: new Map(), boundaries: 0, timers: new Map(),
     retries: 0, reexecuted: 0, tokens: 0, dirty: new Set(), redrawAll: true,
-    branches: new Map(), children: new Map(),
+    branches: new Map(), children: new Map(), metrics: null, tree: null,
   };
 }
 
@@ -147,7 +149,8 @@ function card(v, step) {
   let c = v.cards.get(step);
   if (!c) {
     c = { step, kind: "", text: `step ${step}`, state: "started", process: v.process,
-      doneProcess: 0, attempts: 0, note: "", error: "", retryAt: null, dueAt: null };
+      doneProcess: 0, attempts: 0, note: "", error: "", retryAt: null, dueAt: null,
+      spend: null, partials: [], retries: 0 };
     v.cards.set(step, c);
     v.nodes.set(`s${step}`, null);
   } else if (c.process < v.process) {
@@ -174,6 +177,7 @@ function fold(v, e) {
         : `process ${v.process} took over (${who}) at ${clock(e.at_s)}: the steps above it come from the log`;
       v.nodes.set(`b${v.boundaries}`, { label, seq: e.seq });
       v.redrawAll = true;
+      for (const c of v.cards.values()) cutOff(c, "died"); // its streams died with it
       break;
     }
     case "STEP_STARTED": {
@@ -182,6 +186,7 @@ function fold(v, e) {
         v.reexecuted += 1; // a call a dead process had begun, made again
       }
       const c = card(v, e.step);
+      cutOff(c, "died"); // started again with no outcome in between: a crash lost the attempt
       c.kind = Array.isArray(d) ? d[0] : "";
       c.text = describe(e.kind, d);
       if (c.kind === "signal") c.signal = true;
@@ -198,12 +203,26 @@ function fold(v, e) {
       const c = card(v, e.step);
       c.state = "done";
       c.doneProcess = v.process;
-      c.note = short(d, 90);
-      const usage = d && typeof d === "object" && !Array.isArray(d) ? d.usage : null;
+      const answer = d && typeof d === "object" && !Array.isArray(d) ? d : null;
+      c.note = c.kind === "model" && answer && typeof answer.text === "string"
+        ? short(answer.text, 90) : short(d, 90);
+      c.partials = c.partials.filter((p) => p.ended); // the attempt that finished is its answer
+      const usage = answer ? answer.usage : null;
       if (usage && typeof usage === "object") {
-        v.tokens += usage.total_tokens ?? ((usage.input_tokens ?? usage.prompt_tokens ?? 0)
-          + (usage.output_tokens ?? usage.completion_tokens ?? 0));
+        const tokens = tokensOf(usage);
+        v.tokens += tokens;
+        if (c.kind === "model") {
+          c.spend = { tokens, usage, model: answer.model, cost: answer.cost_usd, priced: "cost_usd" in answer };
+        }
       }
+      break;
+    }
+    case "STEP_PARTIAL": {
+      const c = card(v, e.step);
+      const attempt = d && d.attempt;
+      const text = d && typeof d.text === "string" ? d.text : "";
+      const known = c.partials.find((p) => p.attempt === attempt);
+      if (known) known.text = text; else c.partials.push({ attempt, text, ended: null });
       break;
     }
     case "STEP_RETRY": {
@@ -211,10 +230,18 @@ function fold(v, e) {
       c.state = "retrying";
       c.retryAt = d && d.retry_at_s;
       c.error = failure(d);
+      c.retries += 1;
+      cutOff(c, "retry");
       v.retries += 1;
       break;
     }
-    case "STEP_FAILED": { const c = card(v, e.step); c.state = "failed"; c.error = failure(d); break; }
+    case "STEP_FAILED": {
+      const c = card(v, e.step);
+      c.state = "failed";
+      c.error = failure(d);
+      cutOff(c, "failed");
+      break;
+    }
     case "TIMER_ARMED": {
       const c = card(v, e.step);
       c.state = "waiting";
@@ -250,6 +277,34 @@ function fold(v, e) {
       break;
   }
   v.lastSeq = e.seq;
+}
+
+// A streamed attempt that ends without an answer was cut off: what it had streamed was spent.
+function cutOff(c, why) {
+  for (const p of c.partials) {
+    if (!p.ended) p.ended = why;
+  }
+}
+
+function tokensOf(usage) {
+  return usage.total_tokens ?? ((usage.input_tokens ?? usage.prompt_tokens ?? 0)
+    + (usage.output_tokens ?? usage.completion_tokens ?? 0));
+}
+
+function plural(n, what) {
+  return `${n} ${what}${n === 1 ? "" : "s"}`;
+}
+
+function dollars(usd) {
+  return `$${Number(usd).toFixed(6)}`;
+}
+
+// What answers cost: a model with no price is unknown, never free.
+function costText(costUsd, unpriced, tokens) {
+  if (!tokens) return "unknown: the answers report no usage";
+  if (!unpriced) return dollars(costUsd);
+  const unknown = `unknown for ${plural(unpriced, "answer")} of a model with no price`;
+  return costUsd ? `${dollars(costUsd)} + ${unknown}` : unknown;
 }
 
 function failure(d) {
@@ -325,7 +380,50 @@ function drawCard(v, c) {
     p.textContent = detail;
     li.append(p);
   }
+  if (c.spend) li.append(drawSpend(c.spend));
+  for (const partial of c.partials) li.append(drawPartial(v, c, partial));
   return li;
+}
+
+function drawSpend(spend) {
+  const p = document.createElement("p");
+  p.className = "spend";
+  const u = spend.usage;
+  const parts = [u.input_tokens ?? u.prompt_tokens, u.output_tokens ?? u.completion_tokens];
+  let split = "";
+  if (parts[0] != null && parts[1] != null) {
+    split = ` (${parts[0]} in, ${parts[1]} out${u.cached_tokens ? `, ${u.cached_tokens} cached` : ""})`;
+  }
+  const cost = typeof spend.cost === "number" ? dollars(spend.cost)
+    : spend.priced ? `cost unknown: no price for ${spend.model || "its model"}` : "cost unknown";
+  p.textContent = `${spend.tokens} tokens${split} · ${cost}`;
+  return p;
+}
+
+const CUT_BY = {
+  died: "its process died; the call was made again",
+  retry: "the attempt failed; the call was made again",
+  failed: "the attempt failed",
+};
+
+// The text an attempt had streamed: while its process streams, what it has so far; once the
+// attempt ended without an answer (or its process is gone), what was spent and cut off.
+function drawPartial(v, c, partial) {
+  const box = document.createElement("div");
+  box.className = "partial";
+  box.dataset.attempt = String(partial.attempt);
+  const streaming = !partial.ended && v.live && c.state === "started";
+  box.dataset.cut = String(!streaming);
+  const label = document.createElement("p");
+  const chars = plural(partial.text.length, "character");
+  label.textContent = streaming
+    ? `streaming, attempt ${partial.attempt}: ${chars} so far`
+    : `cut off mid-stream, attempt ${partial.attempt} (${chars}): ` +
+      (CUT_BY[partial.ended] || "its process is gone; the next process to resume the run makes the call again");
+  const text = document.createElement("blockquote");
+  text.textContent = short(partial.text, 600);
+  box.append(label, text);
+  return box;
 }
 
 function drawBoundary(info) {
@@ -437,8 +535,10 @@ function drawSummary(v) {
   if (row.error) bits.push(row.error);
   $("run-status").textContent = bits.join(" · ");
   const steps = v.cards.size; // ctx values take a step position too, as in the run list
+  const m = v.metrics;
   const figures = [["steps", steps], ["processes", v.process], ["retries", v.retries],
-    ["re-executed calls", v.reexecuted], ["tokens", v.tokens]];
+    ["re-executed calls", v.reexecuted], ["tokens", m ? m.total_tokens : v.tokens]];
+  figures.push(...spendFigures(v));
   const dl = $("metrics");
   dl.replaceChildren();
   for (const [name, value] of figures) {
@@ -461,6 +561,42 @@ function drawSummary(v) {
   drawLinks(v);
 }
 
+// What the run spent on models, from the server's fold of its whole log; and with the runs it
+// started (child runs, continued runs) where it started any.
+function spendFigures(v) {
+  const m = v.metrics;
+  const figures = [];
+  if (m && (m.model_calls || m.total_tokens || m.partial_chars)) {
+    figures.push(["cost", costText(m.cost_usd, m.unpriced_model_calls, m.total_tokens)]);
+    let again = "none";
+    if (m.reexecuted_model_calls) {
+      let cost = dollars(m.reexecuted_cost_usd);
+      if (lostUnpriced(v)) cost = m.reexecuted_cost_usd ? `${cost} + unknown` : "unknown";
+      again = `${cost} · ${m.reexecuted_tokens} tokens ` +
+        `(${plural(m.reexecuted_model_calls, "model call")} made again)`;
+    }
+    figures.push(["re-executed spend (estimated)", again]);
+    figures.push(["cut-off streamed text", plural(m.partial_chars, "character")]);
+  }
+  const t = v.tree;
+  if (t && t.runs > 1) {
+    let all = `${costText(t.cost_usd, t.unpriced_calls, t.tokens)} · ${t.tokens} tokens · ` +
+      `${plural(t.runs, "run")}`;
+    if (!t.complete) all += ` (not all of them: durabl metrics ${v.runId})`;
+    figures.push(["with the runs it started", all]);
+  }
+  return figures;
+}
+
+// An answer of a model with no price that a crash made the run ask for again: its re-executed
+// cost is unknown too (steps compacted away are not seen here).
+function lostUnpriced(v) {
+  for (const c of v.cards.values()) {
+    if (c.spend && typeof c.spend.cost !== "number" && c.attempts - c.retries > 1) return true;
+  }
+  return false;
+}
+
 async function pollRun() {
   const v = view;
   if (!v) return;
@@ -473,6 +609,8 @@ async function pollRun() {
     v.live = answer.run.live;
     if (answer.compacted) v.compacted = answer.compacted;
     for (const e of answer.events) fold(v, e);
+    v.metrics = answer.metrics;
+    v.tree = answer.with_runs_started;
     takeLinks(v, answer.run.links);
     if (v.live !== liveBefore || v.row.status === "HELD") v.redrawAll = true;
     drawRun(v);
