@@ -184,6 +184,7 @@ class MetricsFold:
             self._finish(step)
             if kind == events.STEP_FAILED:
                 m.failed_steps += 1
+                m.partial_chars += step.partial  # the last attempt's stream, cut off for good
             elif step.kind == "model":
                 used = _usage(e.data)
                 m.input_tokens += used[0]

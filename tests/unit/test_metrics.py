@@ -499,8 +499,11 @@ def test_cost_is_summed_unknown_prices_are_counted_and_lost_streams_are_spent() 
     log.retry(3, at(20)).started(3, SUMMARY.__class__("again")).completed(
         3, answer(usage, cost_usd=0.25)
     )
+    log.started(4, SUMMARY.__class__("last"))
+    log.add(events.STEP_PARTIAL, 4, None, '{"attempt":1,"text":"xy"}')
+    log.failed(4, ModelCallFailed("ModelCall", "ConnectionError", "dropped", 1))
     m = figures(log)
     assert m.cost_usd == 0.75
     assert m.unpriced_model_calls == 1
     assert m.reexecuted_cost_usd == 0.5  # the lost first attempt of step 1, costed as its answer
-    assert m.partial_chars == len("The plan is") + len("abc")
+    assert m.partial_chars == len("The plan is") + len("abc") + len("xy")
