@@ -24,19 +24,19 @@ from durabl.store.base import Store
 
 @dataclass(frozen=True, slots=True)
 class Budget:
-    """At most ``max_tokens`` model tokens (input and output) and at most ``max_cost_usd``
+    """At most ``max_tokens`` model tokens (input and output) and at most ``max_cost`` US
     dollars, over a run and every run it starts. A model call is refused (``BudgetExceeded``,
     thrown into the workflow, which may catch it) when what was spent already reaches a limit,
     or when the call's own bound (its ``max_tokens`` or ``max_output_tokens`` parameter) would
-    take it past ``max_tokens``. With ``max_cost_usd``, a call to a model the price table does
+    take it past ``max_tokens``. With ``max_cost``, a call to a model the price table does
     not have is refused too: its cost could not be counted."""
 
     max_tokens: int | None = None
-    max_cost_usd: float | None = None
+    max_cost: float | None = None
 
     def __post_init__(self) -> None:
-        if self.max_tokens is None and self.max_cost_usd is None:
-            raise ValueError("Budget needs max_tokens, max_cost_usd or both")
+        if self.max_tokens is None and self.max_cost is None:
+            raise ValueError("Budget needs max_tokens, max_cost or both")
         if self.max_tokens is not None and (
             isinstance(self.max_tokens, bool)
             or not isinstance(self.max_tokens, int)
@@ -46,20 +46,20 @@ class Budget:
                 f"Budget max_tokens must be a whole number of 1 or more (a budget of "
                 f"{self.max_tokens!r} is spent before the first call)"
             )
-        if self.max_cost_usd is not None and (
-            isinstance(self.max_cost_usd, bool)
-            or not isinstance(self.max_cost_usd, int | float)
-            or not math.isfinite(self.max_cost_usd)
-            or self.max_cost_usd <= 0
+        if self.max_cost is not None and (
+            isinstance(self.max_cost, bool)
+            or not isinstance(self.max_cost, int | float)
+            or not math.isfinite(self.max_cost)
+            or self.max_cost <= 0
         ):
             raise ValueError(
-                f"Budget max_cost_usd must be more than 0 dollars (a budget of "
-                f"{self.max_cost_usd!r} is spent before the first call)"
+                f"Budget max_cost must be more than 0 dollars (a budget of "
+                f"{self.max_cost!r} is spent before the first call)"
             )
 
     def record(self, root: str) -> dict[str, Any]:
         """How RUN_STARTED records it: the limits, and the run whose tree they cover."""
-        return {"max_tokens": self.max_tokens, "max_cost_usd": self.max_cost_usd, "root": root}
+        return {"max_tokens": self.max_tokens, "max_cost": self.max_cost, "root": root}
 
 
 @dataclass(frozen=True, slots=True)

@@ -161,13 +161,13 @@ def test_a_budget_holds_over_the_child_runs_a_run_starts(db: str) -> None:
         assert state.result["theirs"] == {"answers": ["answer to q0"], "refused": None}
         assert state.result["refused"].startswith("run p step 3: 3000 of its 3000 tokens")
         child_started = rt.store.load_log("p-2")[0].data or ""
-        assert '"budget":{"max_cost_usd":null,"max_tokens":3000,"root":"p"}' in child_started
+        assert '"budget":{"max_cost":null,"max_tokens":3000,"root":"p"}' in child_started
     assert model.asked == ["plan", "q0"]
 
 
 def test_a_cost_budget_refuses_a_model_it_cannot_price(db: str) -> None:
     model = Model("house-model-7")
-    with Runtime(db, llm=model, budget=Budget(max_cost_usd=1.0)) as rt:
+    with Runtime(db, llm=model, budget=Budget(max_cost=1.0)) as rt:
         state = rt.run(careful, {"calls": 1}, run_id="nopr")
         assert "model 'house-model-7' has no price" in state.result["refused"]
     assert model.asked == []
@@ -177,8 +177,8 @@ def test_a_cost_budget_refuses_a_model_it_cannot_price(db: str) -> None:
     ("budget", "problem"),
     [
         ({"max_tokens": 0}, "max_tokens must be a whole number of 1 or more"),
-        ({"max_cost_usd": 0.0}, "max_cost_usd must be more than 0 dollars"),
-        ({}, "Budget needs max_tokens, max_cost_usd or both"),
+        ({"max_cost": 0.0}, "max_cost must be more than 0 dollars"),
+        ({}, "Budget needs max_tokens, max_cost or both"),
     ],
 )
 def test_a_budget_spent_before_the_first_call_is_refused_where_it_is_made(

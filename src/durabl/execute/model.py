@@ -91,7 +91,7 @@ def _keep_to_budget(call: StepCall, step: ModelCall, budget: dict[str, Any]) -> 
 def _over(
     call: StepCall, step: ModelCall, budget: dict[str, Any], tokens: int, cost: float, unpriced: int
 ) -> str | None:
-    max_tokens, max_cost = budget.get("max_tokens"), budget.get("max_cost_usd")
+    max_tokens, max_cost = budget.get("max_tokens"), budget.get("max_cost")
     if max_tokens is not None:
         if tokens >= max_tokens:
             return f"{tokens} of its {max_tokens} tokens are spent"
