@@ -75,24 +75,24 @@ class Spend:
 def spend(store: Store, root: str) -> Spend:
     """The spend of ``root`` and every run it started, theirs in turn (child runs, and the
     runs a ContinueAsNew went on as): each model answer recorded in their logs."""
-    from durabl.metrics import of_run  # only a budget check or a report needs them
+    from durabl.metrics import of_history  # only a budget check or a report needs them
     from durabl.store.reads import lineage
 
     tokens, cost, unpriced, seen = 0, 0.0, 0, 0
     todo, done = [root], set()
     while todo:
         run_id = todo.pop()
-        if run_id in done or store.get_run(run_id) is None:
+        row = None if run_id in done else store.get_run(run_id)
+        if row is None:
             continue
         done.add(run_id)
-        figures = of_run(store, run_id)
+        history = store.load_history(run_id)  # one read gives both the figures and the links
+        figures = of_history(run_id, history)
         tokens += figures.total_tokens
         cost += figures.cost_usd
         unpriced += figures.unpriced_model_calls
         seen += 1
-        links = lineage(store, run_id, store.load_history(run_id))
-        todo.extend(links.children.values())
-        row = store.get_run(run_id)
-        if row is not None and row.status == events.CONTINUED and row.result_text:
+        todo.extend(lineage(store, run_id, history).children.values())
+        if row.status == events.CONTINUED and row.result_text:
             todo.append(codec.decode(row.result_text)["continued_as"])
     return Spend(tokens, cost, unpriced, seen)

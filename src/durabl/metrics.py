@@ -313,7 +313,12 @@ def of_runs(store: Store, run_ids: Iterable[str] | None = None) -> Metrics:
 
 def of_run(store: Store, run_id: str) -> Metrics:
     """The figures of one run, from its snapshot's counters and the log after it."""
-    watermark, snapshot, log = store.load_history(run_id)
+    return of_history(run_id, store.load_history(run_id))
+
+
+def of_history(run_id: str, history: tuple[int, str | None, list[Event]]) -> Metrics:
+    """The figures of one run from what ``Store.load_history`` gave for it."""
+    watermark, snapshot, log = history
     if snapshot is None:
         if watermark:
             # The figures of the folded prefix are gone with it: refuse, as replay does,
