@@ -42,6 +42,7 @@ from durabl.errors import (
 )
 from durabl.events import TERMINAL_STATUSES, Event
 from durabl.store.base import UNCHANGED, Commit, KeyClaim, Lease, RunRow, SideEffect, Signal
+from durabl.store.checkpoints import BACKSTOP_PAGES, Checkpointer
 from durabl.store.connection import open_database
 from durabl.store.files import file_bytes
 from durabl.store.records import (
@@ -102,6 +103,11 @@ class SQLiteStore:
         self._sync_full = False
         self._closed = False
         self._conn = open_database(self.path, read_only=read_only)
+        self.checkpoints: Checkpointer | None = None
+        """The background checkpoints of a writer's WAL (``durabl.store.checkpoints``)."""
+        if not read_only:
+            self._conn.execute(f"PRAGMA wal_autocheckpoint = {BACKSTOP_PAGES}")
+            self.checkpoints = Checkpointer(self.path)
 
     # -- transactions ----------------------------------------------------------------------
 
@@ -118,6 +124,7 @@ class SQLiteStore:
             try:
                 yield conn
                 conn.execute("COMMIT")
+                self._committed()
             except BaseException as exc:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
@@ -154,6 +161,10 @@ class SQLiteStore:
                 yield conn
             finally:
                 conn.execute("COMMIT")
+
+    def _committed(self) -> None:
+        if self.checkpoints is not None:
+            self.checkpoints.committed()
 
     def _live(self) -> sqlite3.Connection:
         if self._closed:
@@ -197,9 +208,10 @@ class SQLiteStore:
 
     def load_log(self, run_id: str, after_seq: int = 0) -> list[Event]:
         with self._read() as conn:
-            rows = conn.execute(Q["load_log"], {"run_id": run_id, "after_seq": after_seq})
-            found = rows.fetchall()
-        return self._verified(run_id, found)
+            cursor = conn.cursor()
+            cursor.row_factory = None  # plain tuples: cheaper to build, and unpacked below
+            found = cursor.execute(Q["load_log"], {"run_id": run_id, "after_seq": after_seq})
+            return self._verified(run_id, found.fetchall())
 
     def last_step(self, run_id: str) -> int:
         """The position of the run's newest step event (0 if none is left in the log): how
@@ -209,14 +221,18 @@ class SQLiteStore:
             found = conn.execute(Q["last_step"], {"run_id": run_id}).fetchone()
         return int(found[0]) if found else 0
 
-    def _verified(self, run_id: str, rows: list[sqlite3.Row]) -> list[Event]:
-        log = []
+    def _verified(self, run_id: str, rows: list[tuple[Any, ...]]) -> list[Event]:
         # ``load_log`` selects an event's columns in the order of its fields, then the crc:
-        # unpacked by position here because this loop runs once for every event replayed.
-        for seq, kind, step, fp, data, at_s, crc in rows:
-            if codec.checksum(seq, kind, step, fp, data, at_s) != crc:
+        # unpacked by position, and the Event made from the row's first six columns without
+        # NamedTuple's keyword handling, because this loop runs once for every event replayed.
+        checksum, make = codec.checksum, tuple.__new__
+        log: list[Event] = []
+        append = log.append
+        for row in rows:
+            seq, kind, step, fp, data, at_s, crc = row
+            if checksum(seq, kind, step, fp, data, at_s) != crc:
                 raise EventChecksumError(path=self.path, run_id=run_id, seq=seq)
-            log.append(Event(seq, kind, step, fp, data, at_s))
+            append(make(Event, row[:6]))
         return log
 
     def commit(self, commit: Commit) -> None:
@@ -324,6 +340,7 @@ class SQLiteStore:
             raise storage_error(self.path, exc) from None
         self.commits += 1
         self.transactions += 1
+        self._committed()
         return changed
 
     def _commit_batch(self, batch: list[_Pending]) -> None:
@@ -348,6 +365,7 @@ class SQLiteStore:
             raise
         self.commits += len(batch)
         self.transactions += 1
+        self._committed()
 
     def _commit_one(self, pending: _Pending) -> None:
         """A batch of one: ``_commit_alone``, its answer (or refusal) recorded on ``pending``."""
@@ -527,7 +545,9 @@ class SQLiteStore:
         whose = {"run_id": run_id, "after_seq": 0}
         with self.reading() as conn:  # a compaction cannot tear the two reads
             found = conn.execute(Q["get_snapshot"], whose).fetchone()
-            rows = conn.execute(Q["load_log"], whose).fetchall()
+            cursor = conn.cursor()
+            cursor.row_factory = None  # as in load_log
+            rows = cursor.execute(Q["load_log"], whose).fetchall()
         if found is None:
             return 0, None, []
         watermark, text = found["watermark"], found["body"]
@@ -559,6 +579,8 @@ class SQLiteStore:
         with self._lock:
             if not self._closed:
                 self._closed = True
+                if self.checkpoints is not None:
+                    self.checkpoints.close()
                 self._conn.close()
 
 
