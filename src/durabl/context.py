@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import uuid as _uuid
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -14,6 +13,12 @@ def _entropy() -> float:
     """A float in [0, 1) from the OS's randomness, with 53 random bits: what
     ``random.SystemRandom().random()`` returns, without importing ``random``."""
     return (int.from_bytes(os.urandom(7), "big") >> 3) / (1 << 53)
+
+
+def _new_uuid() -> str:
+    import uuid  # here: only a workflow that asks for one needs the module (it imports platform)
+
+    return str(uuid.uuid4())
 
 
 class _ValueSource(Protocol):
@@ -64,7 +69,7 @@ class Context:
 
     def uuid(self) -> str:
         """A random UUID4 string, recorded on first call."""
-        return str(self._source.ctx_value("uuid", lambda: str(_uuid.uuid4())))
+        return str(self._source.ctx_value("uuid", _new_uuid))
 
     def patched(self, patch_id: str) -> bool:
         """Whether this run takes the new branch of a code change named ``patch_id``::

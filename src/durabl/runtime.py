@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -33,8 +32,8 @@ from durabl.errors import DeadLetteredError, RunEndedError, RunFailedError, RunN
 from durabl.execute import Services
 from durabl.journal import Journal, Writer
 from durabl.ledger import Budget, Spend
-from durabl.llm.call import Chunk
-from durabl.llm.prices import Price, price_table
+from durabl.modelcall import Chunk
+from durabl.prices import Price, price_table
 from durabl.replay import History, StepRecord
 from durabl.states import Compaction, DeadLetter, RunCheck, RunCompaction, RunState
 from durabl.steps import Step
@@ -106,7 +105,7 @@ class Runtime(AsyncRuntime):
             clock if clock is not None else getattr(self.store, "clock", time.time)
         )
         self._clock: Callable[[], float] = lambda: float(user_clock())
-        self.instance_id = uuid.uuid4().hex
+        self.instance_id = os.urandom(16).hex()  # 128 random bits, as a uuid4 has 122 of
         self._leaser = leases.Leaser(self.store, self.instance_id, lease_s)
         self._boundary = {"pid": os.getpid(), "host": leases.HOST, "owner": self.instance_id}
         self._policies: dict[str, RetryPolicy] = {}
@@ -153,7 +152,7 @@ class Runtime(AsyncRuntime):
     def call_model(self, llm: Callable[..., Any], prompt: Any, params: dict[str, Any]) -> Any:
         """Hand control to the model client: the only place durabl calls it. What an async
         client returns is awaited here, on an event loop (``durabl.aio``)."""
-        from durabl.llm.call import current  # loaded with durabl.llm.call, above
+        from durabl.modelcall import current  # loaded with durabl.modelcall, above
 
         return self._awaited(llm(prompt, **params), current())
 
