@@ -43,7 +43,7 @@ from durabl import (
 )
 from durabl.cli import main
 from durabl.crashpoints import AFTER_STEP_COMMITTED, CrashAt, ProcessDeath, install
-from durabl.llm.prices import Price
+from durabl.prices import Price
 from durabl.telemetry import instrument, span_id_of
 
 HERE = Path(__file__).resolve().parent

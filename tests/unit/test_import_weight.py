@@ -1,6 +1,7 @@
 """`import durabl` pulls in nothing the first Runtime.start does not need: no network stack, no
-command line, no dashboard, no benchmark, no validation library, and none of the runtime's parts
-that only other calls use (the operator, the metrics, the long-running worker)."""
+command line, no dashboard, no benchmark, no validation library, no model client adapters, and
+none of the runtime's parts that only other calls use (the operator, the metrics, the
+long-running worker, the uuid module behind ``ctx.uuid()``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ NOT_NEEDED = (
     "pydantic", "pydantic_core", "importlib.metadata", "importlib.resources", "email",
     "urllib.parse", "socket", "selectors", "concurrent.futures",
     "durabl.operator", "durabl.metrics", "durabl.worker",
+    "uuid", "platform", "durabl.llm", "durabl.llm.schemas", "durabl.llm.openai",
 )  # fmt: skip
 
 

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from durabl.events import Event
 from durabl.journal import Journal
-from durabl.llm.call import Chunk
-from durabl.llm.prices import Price
+from durabl.modelcall import Chunk
+from durabl.prices import Price
 from durabl.replay import History, StepRecord
 from durabl.steps import Step
 from durabl.store.base import RunRow
@@ -67,7 +67,7 @@ class Services:
     )
     """Hand control to the model client: ``llm(prompt, **params)``."""
     prices: Mapping[str, Price] = field(default_factory=dict)
-    """The price table model answers are priced by (``durabl.llm.prices``)."""
+    """The price table model answers are priced by (``durabl.prices``)."""
     on_chunk: Callable[[Chunk], None] | None = None
     """Where a streamed answer's pieces go as they arrive (``Runtime(on_chunk=...)``)."""
 

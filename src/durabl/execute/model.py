@@ -1,6 +1,6 @@
 """Executing a ``ModelCall``: call the runtime's llm, with the runtime's retry policy.
 
-The client runs inside a ``durabl.llm.call.ModelCallContext`` naming the run, the step, the
+The client runs inside a ``durabl.modelcall.ModelCallContext`` naming the run, the step, the
 attempt and the runtime's tools; a streaming client hands it its text as it arrives, and the
 text so far is recorded (STEP_PARTIAL) now and then. An answer that reports its usage and model
 gets its cost from the runtime's price table, recorded with it (``cost_usd``; None for a model
@@ -22,8 +22,8 @@ from durabl.errors import (
 from durabl.execute.attempts import AttemptSpec, Opening, attempt, record_failure
 from durabl.execute.base import StepCall
 from durabl.flow import Hold
-from durabl.llm.call import ModelCallContext, answering
-from durabl.llm.prices import cost_usd, find_price
+from durabl.modelcall import ModelCallContext, answering
+from durabl.prices import cost_usd, find_price
 from durabl.steps import ModelCall
 
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from durabl.errors import UnknownToolError
-from durabl.llm.call import current
+from durabl.modelcall import current
 
 # -- the tool schema of a Python function ---------------------------------------------------------
 
