@@ -26,9 +26,10 @@ from durabl.errors import (
 from durabl.events import Event
 from durabl.metrics import MetricsFold
 from durabl.replay import History, describe_record
-from durabl.states import Compaction, DeadLetter, RunCheck, RunCompaction, RunState
+from durabl.states import DeadLetter, RunState
 from durabl.steps import child_run_id, derived_key
 from durabl.store.base import RunRow, SideEffect
+from durabl.upkeep import Compaction, RunCheck, RunCompaction
 
 logger = logging.getLogger("durabl")
 

@@ -35,7 +35,7 @@ from durabl.ledger import Budget, Spend
 from durabl.modelcall import Chunk
 from durabl.prices import Price, price_table
 from durabl.replay import History, StepRecord
-from durabl.states import Compaction, DeadLetter, RunCheck, RunCompaction, RunState
+from durabl.states import DeadLetter, RunState
 from durabl.steps import Step
 from durabl.store import Store, open_store
 from durabl.tools import RetryPolicy, Tool, build_registry
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
     from durabl.metrics import Metrics
+    from durabl.upkeep import Compaction, RunCheck
     from durabl.worker import Worker, WorkerStats
 
 
@@ -416,4 +417,4 @@ class Runtime(AsyncRuntime):
         return operator.compact(self._engine, run_id, keep_last, reclaim)
 
 
-__all__ = ["Compaction", "DeadLetter", "RunCompaction", "RunState", "Runtime"]
+__all__ = ["DeadLetter", "RunState", "Runtime"]

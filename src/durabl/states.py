@@ -1,5 +1,5 @@
-"""What the runtime reports: a run's state, a dead letter, what compaction did, and how far one
-pass through a run has got.
+"""What the runtime reports: a run's state, a dead letter, and how far one pass through a run has
+got. (What the operator's tools report, a check and a compaction, is in ``durabl.upkeep``.)
 
 Plain dataclasses: the runtime builds them from values it has checked already, so they validate
 nothing. ``as_dict`` gives the JSON form the command line prints.
@@ -7,7 +7,7 @@ nothing. ``as_dict`` gives the JSON form the command line prints.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 
@@ -50,56 +50,6 @@ class DeadLetter(Report):
     idempotency_key: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunCheck(Report):
-    """What replaying one stored run against the code at hand, dry, found (``Runtime.check``).
-
-    ``breaks``: a deploy of this code would hold the run (it is not finished, and its replay
-    differs or cannot run). A finished run that differs is reported, but nothing holds it."""
-
-    run_id: str
-    workflow: str
-    status: str
-    ok: bool
-    breaks: bool
-    problem: str | None = None
-    """Why the replay differs or could not run: the error a resume would raise."""
-    seq: int | None = None
-    """Where the log and the code first differ: the log's seq, the step's position, and what
-    each says is there."""
-    position: int | None = None
-    expected: str | None = None
-    actual: str | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunCompaction(Report):
-    """What compaction did to one run."""
-
-    run_id: str
-    steps_folded: int
-    """Steps now held by the snapshot (in all, over every compaction of the run)."""
-    events_deleted: int
-    watermark: int
-    """The log now starts after this seq."""
-    events_kept: int
-
-
-@dataclass(slots=True, kw_only=True)
-class Compaction(Report):
-    """What ``Runtime.compact`` did. Filled in as the runs are folded, so not frozen."""
-
-    runs: list[RunCompaction] = field(default_factory=list)
-    busy: list[str] = field(default_factory=list)
-    """Runs skipped because another live process is driving them."""
-    errors: dict[str, str] = field(default_factory=dict)
-    """Runs that could not be folded (a damaged log, say), with the reason; the others were."""
-    bytes_before: int | None = None
-    """The file's size (WAL included) before anything was folded; None without reclaim."""
-    bytes_after: int | None = None
-    """Its size once the folded space was handed back."""
-
-
 @dataclass(slots=True)
 class Progress:
     """How far one pass through a run has got: the position of the step in hand (0 before the
@@ -110,4 +60,4 @@ class Progress:
     executed: int = 0
 
 
-__all__ = ["Compaction", "DeadLetter", "Progress", "RunCompaction", "RunState"]
+__all__ = ["DeadLetter", "Progress", "RunState"]

@@ -58,11 +58,11 @@ from durabl.errors import RunLeased
 from durabl.events import Event
 from durabl.metrics import MetricsFold
 from durabl.replay import History
-from durabl.runtime import RunCompaction
 from durabl.steps import CtxValue, describe_canonical
 from durabl.store import SQLiteStore, open_store
 from durabl.store.base import Lease
 from durabl.store.postgres import PostgresStore
+from durabl.upkeep import RunCompaction
 
 from .support import (
     START_S,

@@ -18,7 +18,7 @@ NOT_NEEDED = (
     "pydantic", "pydantic_core", "importlib.metadata", "importlib.resources", "email",
     "urllib.parse", "socket", "selectors", "concurrent.futures",
     "durabl.operator", "durabl.metrics", "durabl.worker",
-    "uuid", "platform", "durabl.llm", "durabl.llm.schemas", "durabl.llm.openai",
+    "uuid", "platform", "durabl.llm", "durabl.llm.schemas", "durabl.llm.openai", "durabl.upkeep",
 )  # fmt: skip
 
 

@@ -31,11 +31,11 @@ from durabl.cli.options import EXIT_FAILED, EXIT_OK, REQUIRED, Commands, UsageEr
 from durabl.cli.render import Grid, dollars, emit, headline, print_state, short, when
 from durabl.metrics import Metrics, MetricsFold
 from durabl.replay import History, StepRecord
-from durabl.states import RunCheck
 from durabl.store import Store, open_store
 from durabl.store.base import RunRow
 from durabl.store.reads import lineage, links, require_run, waiting_for
 from durabl.text import counted
+from durabl.upkeep import RunCheck
 
 _STATUSES = (
     events.RUNNING,
