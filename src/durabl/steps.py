@@ -19,6 +19,10 @@ from durabl.errors import BadStepError
 DERIVED_KEY_PREFIX = "durabl:"
 """Derived idempotency keys start with this; explicit keys may not, so the two never collide."""
 
+_json_str = json.encoder.encode_basestring_ascii
+"""``json.dumps`` of a str (the same text, byte for byte) without its Python-level overhead:
+a ToolCall is built at every yield, replayed or not, and its canonical text is fingerprinted."""
+
 
 def derived_key(run_id: str, position: int) -> str:
     """The idempotency key of a tool step that was given none: unique to the run and position."""
@@ -125,8 +129,8 @@ class ToolCall(Step):
         self.name = name
         self.args_text = codec.encode(args, what=f"ToolCall({name!r}) args")
         self.idempotency_key = idempotency_key
-        key_text = "null" if idempotency_key is None else json.dumps(idempotency_key)
-        self.canonical = f'["tool",{json.dumps(name)},{self.args_text},{key_text}]'
+        key_text = "null" if idempotency_key is None else _json_str(idempotency_key)
+        self.canonical = f'["tool",{_json_str(name)},{self.args_text},{key_text}]'
 
     @property
     def args(self) -> dict[str, Any]:
