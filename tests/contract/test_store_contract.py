@@ -19,7 +19,6 @@ own tables beside it.
 from __future__ import annotations
 
 import contextlib
-import gc
 import hashlib
 import itertools
 import os
@@ -1493,67 +1492,6 @@ class TestGroupCommit:
             assert effect_row is not None and effect_row.run_id == "run-0"
         finally:
             store.close()
-
-
-class TestBackgroundCheckpoints:
-    """The WAL is copied into the database file by a thread of the store's own
-    (``durabl.store.checkpoints``), not by the commit that crosses the threshold."""
-
-    def test_the_thread_copies_the_wal_into_the_file(self, tmp_path: Path) -> None:
-        store = SQLiteStore(tmp_path / "agent.db")
-        try:
-            assert store.checkpoints is not None
-            store.checkpoints.every = 5
-            new_run(store, "run-1")  # one transaction
-            for seq in range(2, 6):  # four more: the fifth wakes the thread
-                store.commit(Commit("run-1", [event(seq)], durable=True))
-            deadline = time.monotonic() + 10
-            while store.checkpoints.completed == 0 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert store.checkpoints.completed >= 1
-            # The database file alone, without its WAL, holds the whole log.
-            shutil.copyfile(tmp_path / "agent.db", tmp_path / "copy.db")
-            copy = sqlite3.connect(tmp_path / "copy.db")
-            try:
-                found = copy.execute(
-                    "SELECT seq FROM events WHERE run_id = 'run-1' ORDER BY seq"
-                ).fetchall()
-            finally:
-                copy.close()
-            assert [seq for (seq,) in found] == [1, 2, 3, 4, 5]
-        finally:
-            store.close()
-
-    def test_close_stops_the_thread(self, tmp_path: Path) -> None:
-        store = SQLiteStore(tmp_path / "agent.db")
-        assert store.checkpoints is not None
-        store.checkpoints.every = 1
-        new_run(store, "run-1")
-        thread = store.checkpoints._thread
-        assert thread is not None and thread.is_alive()
-        store.close()
-        assert not thread.is_alive()
-        assert not (tmp_path / "agent.db-wal").exists()  # the writer's close had the last word
-
-    def test_a_store_dropped_without_close_leaves_no_thread(self, tmp_path: Path) -> None:
-        store = SQLiteStore(tmp_path / "agent.db")
-        assert store.checkpoints is not None
-        store.checkpoints.every = 1
-        new_run(store, "run-1")
-        thread = store.checkpoints._thread
-        assert thread is not None
-        del store
-        gc.collect()
-        thread.join(timeout=10)
-        assert not thread.is_alive()
-
-    def test_a_reader_has_no_checkpoints(self, tmp_path: Path) -> None:
-        SQLiteStore(tmp_path / "agent.db").close()
-        reader = SQLiteStore(tmp_path / "agent.db", read_only=True)
-        try:
-            assert reader.checkpoints is None
-        finally:
-            reader.close()
 
 
 class TestSQLiteFile:

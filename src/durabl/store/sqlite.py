@@ -42,7 +42,6 @@ from durabl.errors import (
 )
 from durabl.events import TERMINAL_STATUSES, Event
 from durabl.store.base import UNCHANGED, Commit, KeyClaim, Lease, RunRow, SideEffect, Signal
-from durabl.store.checkpoints import BACKSTOP_PAGES, Checkpointer
 from durabl.store.connection import open_database
 from durabl.store.files import file_bytes
 from durabl.store.records import (
@@ -103,11 +102,6 @@ class SQLiteStore:
         self._sync_full = False
         self._closed = False
         self._conn = open_database(self.path, read_only=read_only)
-        self.checkpoints: Checkpointer | None = None
-        """The background checkpoints of a writer's WAL (``durabl.store.checkpoints``)."""
-        if not read_only:
-            self._conn.execute(f"PRAGMA wal_autocheckpoint = {BACKSTOP_PAGES}")
-            self.checkpoints = Checkpointer(self.path)
 
     # -- transactions ----------------------------------------------------------------------
 
@@ -124,7 +118,6 @@ class SQLiteStore:
             try:
                 yield conn
                 conn.execute("COMMIT")
-                self._committed()
             except BaseException as exc:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
@@ -161,10 +154,6 @@ class SQLiteStore:
                 yield conn
             finally:
                 conn.execute("COMMIT")
-
-    def _committed(self) -> None:
-        if self.checkpoints is not None:
-            self.checkpoints.committed()
 
     def _live(self) -> sqlite3.Connection:
         if self._closed:
@@ -340,7 +329,6 @@ class SQLiteStore:
             raise storage_error(self.path, exc) from None
         self.commits += 1
         self.transactions += 1
-        self._committed()
         return changed
 
     def _commit_batch(self, batch: list[_Pending]) -> None:
@@ -365,7 +353,6 @@ class SQLiteStore:
             raise
         self.commits += len(batch)
         self.transactions += 1
-        self._committed()
 
     def _commit_one(self, pending: _Pending) -> None:
         """A batch of one: ``_commit_alone``, its answer (or refusal) recorded on ``pending``."""
@@ -579,8 +566,6 @@ class SQLiteStore:
         with self._lock:
             if not self._closed:
                 self._closed = True
-                if self.checkpoints is not None:
-                    self.checkpoints.close()
                 self._conn.close()
 
 
