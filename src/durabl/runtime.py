@@ -106,7 +106,7 @@ class Runtime(AsyncRuntime):
             clock if clock is not None else getattr(self.store, "clock", time.time)
         )
         self._clock: Callable[[], float] = lambda: float(user_clock())
-        self.instance_id = os.urandom(16).hex()  # 128 random bits, as a uuid4 has 122 of
+        self.instance_id = os.urandom(16).hex()  # 32 hex digits, as uuid4().hex, without uuid
         self._leaser = leases.Leaser(self.store, self.instance_id, lease_s)
         self._boundary = {"pid": os.getpid(), "host": leases.HOST, "owner": self.instance_id}
         self._policies: dict[str, RetryPolicy] = {}

@@ -197,10 +197,8 @@ class SQLiteStore:
 
     def load_log(self, run_id: str, after_seq: int = 0) -> list[Event]:
         with self._read() as conn:
-            cursor = conn.cursor()
-            cursor.row_factory = None  # plain tuples: cheaper to build, and unpacked below
-            found = cursor.execute(Q["load_log"], {"run_id": run_id, "after_seq": after_seq})
-            return self._verified(run_id, found.fetchall())
+            rows = _log_rows(conn, {"run_id": run_id, "after_seq": after_seq})
+        return self._verified(run_id, rows)
 
     def last_step(self, run_id: str) -> int:
         """The position of the run's newest step event (0 if none is left in the log): how
@@ -532,9 +530,7 @@ class SQLiteStore:
         whose = {"run_id": run_id, "after_seq": 0}
         with self.reading() as conn:  # a compaction cannot tear the two reads
             found = conn.execute(Q["get_snapshot"], whose).fetchone()
-            cursor = conn.cursor()
-            cursor.row_factory = None  # as in load_log
-            rows = cursor.execute(Q["load_log"], whose).fetchall()
+            rows = _log_rows(conn, whose)
         if found is None:
             return 0, None, []
         watermark, text = found["watermark"], found["body"]
@@ -567,6 +563,14 @@ class SQLiteStore:
             if not self._closed:
                 self._closed = True
                 self._conn.close()
+
+
+def _log_rows(conn: sqlite3.Connection, whose: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """``load_log``'s rows as plain tuples, not ``sqlite3.Row``: cheaper to build, and
+    ``SQLiteStore._verified`` unpacks them by position."""
+    cursor = conn.cursor()
+    cursor.row_factory = None
+    return cursor.execute(Q["load_log"], whose).fetchall()
 
 
 @functools.lru_cache(maxsize=16)
