@@ -394,7 +394,7 @@ class Monitor:
         return [
             (e.seq, e.at_s)
             for e in self.log(run_id)
-            if e.kind == "STEP_COMPLETED" and e.seq > after_seq
+            if e.kind in ("STEP_COMPLETED", "TOOL_COMPLETED") and e.seq > after_seq
         ]
 
     def lease_expires_s(self, run_id: str) -> float | None:

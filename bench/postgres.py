@@ -468,7 +468,8 @@ def read_back(db: str, runs: int, resumes: int) -> dict[str, Any]:
     for run_id, log in logs.items():
         row = rows[run_id]
         kinds = Counter(e.kind for e in log)
-        shape = (kinds["STEP_COMPLETED"], kinds["RUN_RESUMED"], log[-1].kind if log else None)
+        done = kinds["STEP_COMPLETED"] + kinds["TOOL_COMPLETED"]
+        shape = (done, kinds["RUN_RESUMED"], log[-1].kind if log else None)
         if (
             row.status != "COMPLETED"
             or json.loads(row.result_text or "null") != EXPECTED
@@ -476,7 +477,7 @@ def read_back(db: str, runs: int, resumes: int) -> dict[str, Any]:
             or shape != (STEPS, resumes, "RUN_COMPLETED")
         ):
             raise BenchError(f"run {run_id} is {row.status}, its log {dict(kinds)}")
-        steps += kinds["STEP_COMPLETED"]
+        steps += kinds["STEP_COMPLETED"] + kinds["TOOL_COMPLETED"]
         for e in log:
             if e.kind == "RUN_RESUMED":
                 by_pid[json.loads(e.data or "{}")["pid"]] += 1

@@ -314,7 +314,7 @@ class Workers:
         if any(json.loads(r.result_text or "null") != EXPECTED for r in rows):
             raise BenchError("a run's result is not W40's")
         events = [e for log in logs.values() for e in log]
-        steps = sum(1 for e in events if e.kind == "STEP_COMPLETED")
+        steps = sum(1 for e in events if e.kind in ("STEP_COMPLETED", "TOOL_COMPLETED"))
         if steps != self.plan.worker_runs * STEPS:
             raise BenchError(f"{steps} steps completed, not {self.plan.worker_runs * STEPS}")
         effects = kit.check_outbox(self.folder / "outbox", self.plan.worker_runs)

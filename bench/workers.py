@@ -413,8 +413,9 @@ def check_log(row: RunRow, events: list[Event]) -> list[Event]:
         or events[-1].kind != "RUN_COMPLETED"
     ):
         raise BenchError(f"run {run_id}: unexpected log shape {dict(kinds)}")
-    if kinds["STEP_COMPLETED"] != STEPS:
-        raise BenchError(f"run {run_id}: {kinds['STEP_COMPLETED']} steps completed")
+    completed = kinds["STEP_COMPLETED"] + kinds["TOOL_COMPLETED"]
+    if completed != STEPS:
+        raise BenchError(f"run {run_id}: {completed} steps completed")
     return events
 
 

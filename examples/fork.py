@@ -211,7 +211,7 @@ def find_end_of_search(folder: Path) -> int | None:
     print(f"\n[2] `durabl show {ORIGINAL}`: which seq ended the search (step 1)?")
     shown = durabl(folder, "show", ORIGINAL)
     print(indented(shown.stdout or shown.stderr, "      "))
-    found = re.search(r"^(\d+)\s.*\bSTEP_COMPLETED\s+1\s", shown.stdout, re.MULTILINE)
+    found = re.search(r"^(\d+)\s.*\b(?:STEP|TOOL)_COMPLETED\s+1\s", shown.stdout, re.MULTILINE)
     if found is None:
         print("    FAILED: no STEP_COMPLETED for step 1 in the listing")
         return None

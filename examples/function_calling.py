@@ -271,7 +271,7 @@ def outcome(folder: Path, killed_pid: int, at_kill: dict[int, Any]) -> bool:
     for city, callers in by_city.items():
         print(f"    forecast for {city:7} fetched by: {', '.join(callers)}")
     answers = answers_recorded(log)
-    completions = [e.step for e in log if e.kind == events.STEP_COMPLETED]
+    completions = [e.step for e in log if e.kind in (events.STEP_COMPLETED, events.TOOL_COMPLETED)]
     checks = {
         "killed with the first two answers recorded, not the third": sorted(at_kill) == [1, 3],
         "the fresh process resumed the run and completed it": fresh_pid not in (None, killed_pid)

@@ -198,7 +198,7 @@ def recorded(log: list[events.Event]) -> dict[str, int]:
     return {
         BRANCHES[e.step]: e.seq
         for e in log
-        if e.kind == events.STEP_COMPLETED and e.step in BRANCHES
+        if e.kind in (events.STEP_COMPLETED, events.TOOL_COMPLETED) and e.step in BRANCHES
     }
 
 
@@ -305,7 +305,9 @@ def outcome(folder: Path, at_kill: AtKill) -> bool:
             if url not in recorded_before
         ),
         "one result recorded per source": sorted(
-            e.step for e in log if e.kind == events.STEP_COMPLETED and e.step in BRANCHES
+            e.step
+            for e in log
+            if e.kind in (events.STEP_COMPLETED, events.TOOL_COMPLETED) and e.step in BRANCHES
         )
         == sorted(BRANCHES),
         f"no more than {MAX_CONCURRENCY} fetches out at once": max(f["inside"] for f in fetches)

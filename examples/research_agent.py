@@ -155,7 +155,9 @@ def print_log_table(rt: Runtime, drove: bool) -> None:
     here; one written before this process's first write was served from the log (or, when
     this process found the run already finished and did not drive it, recorded earlier)."""
     earlier = "from the log" if drove else "recorded earlier"
-    log = rt.store.load_log(RUN_ID)
+    # A finished IDEMPOTENT tool call is one TOOL_COMPLETED event; expanded, it is the
+    # STEP_STARTED and STEP_COMPLETED this table reads.
+    log = [each for event in rt.store.load_log(RUN_ID) for each in events.expanded(event)]
     mine_from: int | None = None  # seq after which the log holds this process's writes
     labels: dict[int, str] = {}
     attempts: dict[int, int] = {}

@@ -83,7 +83,7 @@ def run_until_searching(command: list[str], db: Path, step: int) -> int:
     proc.wait()
     proc.stdout.close()
     last = log_of(db)[-1]
-    if (last.kind, last.step) != (events.STEP_COMPLETED, step - 1):
+    if last.kind not in (events.STEP_COMPLETED, events.TOOL_COMPLETED) or last.step != step - 1:
         raise SystemExit(f"the kill missed the search of step {step}: the log ends with {last}")
     return proc.pid
 

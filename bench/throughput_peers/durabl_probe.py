@@ -8,7 +8,7 @@ Four commands:
   kit's per-run outbox registered ``IDEMPOTENT`` (at-least-once, as DBOS's and LangGraph's steps
   are: durabl makes only the completion of each step durable, one fsync-bearing commit per step
   in full mode). Steps are counted afterwards from the log, through a read-only store: each
-  run's STEP_COMPLETED events.
+  run's STEP_COMPLETED and TOOL_COMPLETED events.
 - ``create``: create ``--runs`` runs and leave each RUNNING right after its RUN_STARTED, its
   lease held by this process, which exits (``CrashAt("after_run_started")``): runs a worker
   process can take over at once. Prints their ids as JSON.
@@ -44,6 +44,8 @@ from durabl.crashpoints import AFTER_RUN_STARTED, CrashAt, ProcessDeath
 from durabl.store import is_postgres_url, open_store
 
 MODES = ("full", "process")
+COMPLETIONS = ("STEP_COMPLETED", "TOOL_COMPLETED")
+"""The events that record a finished tool or model step."""
 DB_NAME = "durabl.db"
 DURABILITY = {
     "full": "SQLite WAL; synchronous=NORMAL for bookkeeping commits, each step's completion "
@@ -84,7 +86,7 @@ def steps_completed(db: str | Path, runs: int) -> list[int]:
     store = open_store(db, read_only=True)
     try:
         return [
-            sum(1 for e in store.load_log(kit.run_id_of(k)) if e.kind == "STEP_COMPLETED")
+            sum(1 for e in store.load_log(kit.run_id_of(k)) if e.kind in COMPLETIONS)
             for k in range(runs)
         ]
     finally:

@@ -118,6 +118,21 @@ def decode_or_none(text: str | None) -> Any:
     return None if text is None else decode(text)
 
 
+def pair(first: str, second: str) -> str:
+    """The JSON array of two JSON texts, ``[first,second]``: one column holding both."""
+    return f"[{first},{second}]"
+
+
+def unpair(text: str) -> tuple[str, str]:
+    """The two texts ``pair`` put together. The first is found by scanning its value, so a
+    large second text (a tool's result) is sliced, never parsed."""
+    if _scan is not None:
+        end = _scan(text, 1)[1]
+    else:
+        end = json.JSONDecoder().raw_decode(text, 1)[1]
+    return text[1:end], text[end + 1 : -1]
+
+
 def round_trip(value: Any, *, what: str = "value") -> tuple[str, Any]:
     """Encode ``value`` and decode it again; returns (text, the value as replay will see it)."""
     text = encode(value, what=what)

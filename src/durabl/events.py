@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from durabl import codec
+
 RUN_STARTED = "RUN_STARTED"
 """The run exists: data holds the workflow name and the input."""
 RUN_RESUMED = "RUN_RESUMED"
@@ -19,6 +21,11 @@ TOOL_DISPATCHED = "TOOL_DISPATCHED"
 """Control is about to leave durabl for a tool; past this point a crash is ambiguous."""
 STEP_COMPLETED = "STEP_COMPLETED"
 """The step's result (data); for a tool, committed with its side_effects row."""
+TOOL_COMPLETED = "TOOL_COMPLETED"
+"""An attempt at an ``IDEMPOTENT`` tool with a derived key that opened and succeeded in one
+commit, as one event: it stands for STEP_STARTED, TOOL_DISPATCHED and STEP_COMPLETED at the same
+seq. fp identifies the step; data is ``[canonical text, result]`` (``codec.pair``); committed
+with the tool's side_effects row. ``expanded`` gives the three events it stands for."""
 STEP_FAILED = "STEP_FAILED"
 """The step failed for good; data is the failure thrown into the workflow (and on replay)."""
 STEP_PARTIAL = "STEP_PARTIAL"
@@ -50,6 +57,9 @@ same transaction, which goes on with a fresh log."""
 
 TERMINAL = frozenset({RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED, RUN_CONTINUED})
 
+STEP_ENDS = frozenset({STEP_COMPLETED, TOOL_COMPLETED, STEP_FAILED, TIMER_FIRED, CTX_RECORDED})
+"""The events that end a step: each finished position's last event."""
+
 
 class Event(NamedTuple):
     """One row of the log, as the store hands it back (checksum already verified)."""
@@ -60,6 +70,21 @@ class Event(NamedTuple):
     fp: str | None
     data: str | None
     at_s: float
+
+
+def expanded(event: Event) -> tuple[Event, ...]:
+    """``event`` as the events it stands for: a TOOL_COMPLETED as its STEP_STARTED,
+    TOOL_DISPATCHED and STEP_COMPLETED (all at its seq), any other event as itself. For readers
+    that follow a step's attempts event by event (the metrics, the spans, the command line)."""
+    if event.kind != TOOL_COMPLETED:
+        return (event,)
+    seq, _, step, fp, data, at_s = event
+    canonical, result = codec.unpair(data or "[null,null]")
+    return (
+        Event(seq, STEP_STARTED, step, fp, canonical, at_s),
+        Event(seq, TOOL_DISPATCHED, step, None, None, at_s),
+        Event(seq, STEP_COMPLETED, step, None, result, at_s),
+    )
 
 
 # Run statuses (strings, stable: they are stored and shown).

@@ -27,10 +27,6 @@ from durabl.replay import read_snapshot
 from durabl.states import Report
 from durabl.store.base import Store
 
-_STEP_ENDS = frozenset(
-    {events.STEP_COMPLETED, events.STEP_FAILED, events.TIMER_FIRED, events.CTX_RECORDED}
-)
-"""The events that end a step (each position's last): what a fork's copy counts."""
 
 _KINDS = {
     '["model"': "model",
@@ -147,8 +143,12 @@ class MetricsFold:
     def apply(self, e: Event) -> None:
         m = self.m
         if e.seq <= self.copied_until:  # a fork's copy of its origin's step
-            if e.kind in _STEP_ENDS:
+            if e.kind in events.STEP_ENDS:
                 self.done_positions += 1
+            return
+        if e.kind == events.TOOL_COMPLETED:
+            for each in events.expanded(e):
+                self.apply(each)
             return
         if e.kind == events.RUN_STARTED and e.seq == 1:
             forked = codec.decode(e.data or "{}").get("forked_from")

@@ -261,6 +261,16 @@ def _step_completed(h: History, e: Event) -> None:
     _finish(rec, e)
 
 
+def _tool_completed(h: History, e: Event) -> None:
+    rec = h.record(e)
+    canonical, rec.result_text = codec.unpair(e.data or "[null,null]")
+    if rec.canonical is None:
+        rec.canonical = canonical
+    rec.attempts += 1
+    rec.dispatched = False
+    _finish(rec, e)
+
+
 def _step_failed(h: History, e: Event) -> None:
     rec = h.record(e)
     rec.failure = codec.decode(e.data or "{}")
@@ -320,6 +330,7 @@ _HANDLERS = {
     events.STEP_STARTED: _step_started,
     events.TOOL_DISPATCHED: _tool_dispatched,
     events.STEP_COMPLETED: _step_completed,
+    events.TOOL_COMPLETED: _tool_completed,
     events.STEP_FAILED: _step_failed,
     events.STEP_RETRY: _step_retry,
     events.STEP_PARTIAL: _step_partial,

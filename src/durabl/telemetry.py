@@ -55,9 +55,7 @@ KEPT_RUNS = 1024
 """How many runs' folds a live observer keeps between commits; one it dropped is folded again
 from the database at its next commit."""
 
-_STEP_ENDS = frozenset(
-    {events.STEP_COMPLETED, events.STEP_FAILED, events.TIMER_FIRED, events.CTX_RECORDED}
-)
+_STEP_ENDS = events.STEP_ENDS - {events.TOOL_COMPLETED}  # folded as the events it stands for
 _CHILD_ENDS = frozenset({events.RUN_COMPLETED, events.RUN_FAILED, events.RUN_CANCELLED})
 """The ends of a child run whose commit ends its parent's ChildRun step too (the parent note);
 a child that continues as another run leaves the step to the run that goes on."""
@@ -175,6 +173,8 @@ class SpanFold:
         self.seq = max(self.seq, event.seq)
         if 1 < event.seq <= self.copied_until:
             return []
+        if event.kind == events.TOOL_COMPLETED:
+            return [span for e in events.expanded(event) for span in self.apply(e)]
         handler = _HANDLERS.get(event.kind)
         return [] if handler is None else handler(self, event)
 

@@ -44,6 +44,12 @@ from durabl.errors import BadStepError, NonDeterminismError
 T0_S = 1_800_000_000.0
 
 
+def logged(rt: Any, run_id: str) -> list[events.Event]:
+    """The run's log, each TOOL_COMPLETED as the STEP_STARTED, TOOL_DISPATCHED and
+    STEP_COMPLETED it stands for."""
+    return [each for e in rt.store.load_log(run_id) for each in events.expanded(e)]
+
+
 class Clock:
     def __init__(self) -> None:
         self.now_s = T0_S
@@ -137,7 +143,7 @@ def test_branches_run_at_once_and_come_back_in_the_order_given(db: str) -> None:
         assert state.status == events.COMPLETED, state.error
         assert state.result["pages"] == ["page a", "page b", "page c"]
         assert state.result["summary"] == "3 pages: page a; page b; page c"
-        log = rt.store.load_log(state.run_id)
+        log = logged(rt, state.run_id)
     # The Parallel at position 1, its branches at 2..4 in the order given, the model at 5.
     started = {e.step: e.data for e in log if e.kind == events.STEP_STARTED}
     assert [started[p][:7] for p in sorted(started)] == ['["paral', *['["tool"'] * 3, '["model']
@@ -197,7 +203,7 @@ def test_a_death_in_one_branch_stops_every_sibling_from_writing(db: str) -> None
         with runtime(db, tools) as rt, pytest.raises(ProcessDeath):
             rt.run(research, {"names": ["a", "b", "c"], "delays": [0.2, 0.2, 0.0]}, run_id="d")
         with runtime(db, tools) as rt:
-            log = rt.store.load_log("d")
+            log = logged(rt, "d")
     finally:
         remove()
     # Only c's completion landed; a and b returned after the death and wrote nothing.
@@ -215,7 +221,7 @@ def test_a_failure_is_thrown_after_the_others_settle(db: str) -> None:
         state = rt.run(catches, {"names": ["a", "b", "c", "d"], "fail_fast": False})
         assert state.result == "caught: b is down"  # the first failed branch, in order given
         assert tools.calls == ["a", "b", "c", "d"]  # every branch was attempted
-        log = rt.store.load_log(state.run_id)
+        log = logged(rt, state.run_id)
         failed = [e.step for e in log if e.kind == events.STEP_FAILED]
         assert failed == [3, 4, 1]  # b and c, then the Parallel itself
         # Replay throws the same failure at the same point and calls nothing.
@@ -319,7 +325,7 @@ def test_bad_input_holds_the_run_naming_it_and_writes_nothing(
         assert row is not None and row.status == events.HELD
         assert row.error == f"BadStepError: {raised.value}"
         # The first step's events, and nothing after them.
-        assert [e.step for e in rt.store.load_log("bad")] == [0, 1, 1, 1]
+        assert [e.step for e in logged(rt, "bad")] == [0, 1, 1, 1]
 
 
 def test_bad_step_error_is_raised_where_the_step_is_built() -> None:

@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 
 import pg_support
+from logical_rows import logical
 from durabl import RetryPolicy, RunState, Runtime, tool
 from durabl.crashpoints import CrashAt, ProcessDeath
 from durabl.store import is_postgres_url
@@ -305,7 +306,7 @@ def assert_gapless(db: Path | str) -> None:
 def tool_steps(db: Path | str, run_id: str) -> dict[int, str]:
     """Position -> idempotency key, for every tool step the run's log started."""
     found = {}
-    for _, _, kind, step, _, data, _, _ in event_rows(db, run_id):
+    for _, _, kind, step, _, data, _, _ in logical(event_rows(db, run_id)):
         if kind == "STEP_STARTED" and data is not None:
             canonical = json.loads(data)
             if canonical[0] == "tool" and step not in found:
@@ -322,14 +323,14 @@ def assert_effects_match_log(db: Path | str) -> None:
     """
     effects = {row[0]: row for row in side_effect_rows(db)}
     for key, rid, step, _tool, _fp, result, error, _at in effects.values():
-        rows = [r for r in event_rows(db, rid) if r[3] == step]
+        rows = [r for r in logical(event_rows(db, rid)) if r[3] == step]
         done = [r for r in rows if r[2] in ("STEP_COMPLETED", "STEP_FAILED")]
         assert done, f"side effect {key!r} of run {rid} step {step} has no completion in the log"
         if error is None:
             assert done[-1][2] == "STEP_COMPLETED", f"{key!r}: {done}"
             assert done[-1][5] == result, f"{key!r}: log says {done[-1][5]}, row says {result}"
     for rid in run_ids(db):
-        rows = event_rows(db, rid)
+        rows = logical(event_rows(db, rid))
         for step, key in tool_steps(db, rid).items():
             completed = [r for r in rows if r[3] == step and r[2] == "STEP_COMPLETED"]
             if completed:
@@ -484,7 +485,7 @@ class Snapshot:
                 "ORDER BY run_id, id"
             ).fetchall()
         self.events: dict[str, list[tuple[Any, ...]]] = {run_id: [] for run_id in self.runs}
-        for run_id, *event in rows:
+        for run_id, *event in logical(rows):
             self.events.setdefault(run_id, []).append(tuple(event))
         self.signals: dict[str, list[tuple[Any, ...]]] = {run_id: [] for run_id in self.runs}
         """Each run's signals, in the order sent: (id, name, payload, sent_s, delivered_step)."""
@@ -884,7 +885,7 @@ def assert_runs_linked(snap: Snapshot) -> None:
     assert not roots, f"runs name parent steps that started no ChildRun: {roots}"
 
 
-OUTCOMES = ("STEP_COMPLETED", "STEP_FAILED", "TIMER_FIRED", "CTX_RECORDED")
+OUTCOMES = ("STEP_COMPLETED", "TOOL_COMPLETED", "STEP_FAILED", "TIMER_FIRED", "CTX_RECORDED")
 
 
 def assert_steps_finish_once(snap: Snapshot, *, finished: bool) -> None:

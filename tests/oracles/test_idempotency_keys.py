@@ -23,6 +23,7 @@ from .support import (
     crash,
     event_rows,
     kinds,
+    logical,
     side_effect_rows,
 )
 
@@ -225,7 +226,8 @@ def test_the_key_handed_to_the_tool_is_explicit_or_run_id_and_position(
 ) -> None:
     state = runtime(WORKFLOWS).run(DERIVED, None, run_id="D")
     assert state.status == "COMPLETED"
-    started = {r[3]: codec.decode(r[5]) for r in event_rows(db, "D") if r[2] == "STEP_STARTED"}
+    rows = logical(event_rows(db, "D"))
+    started = {r[3]: codec.decode(r[5]) for r in rows if r[2] == "STEP_STARTED"}
     [send_position] = [
         p for p, c in started.items() if c[0] == "tool" and c[3] is None and c[1] == "send"
     ]

@@ -18,7 +18,7 @@ import pytest
 
 from durabl import ModelCall, NonDeterminismError, Sleep, ToolCall, codec, crashpoints
 
-from .support import START_S, Clock, Database, World, crash, event_rows, run_row
+from .support import START_S, Clock, Database, World, crash, event_rows, logical, run_row
 
 NAME = "oracle_nd.agent"
 TO = "nd@example.com"
@@ -196,7 +196,7 @@ def test_swapped_steps_are_not_handed_each_others_results(
     started_sleeping(runtime)
     results_before = [
         codec.decode(r[5])
-        for r in event_rows(db, "nd")
+        for r in logical(event_rows(db, "nd"))
         if r[2] == "STEP_COMPLETED" and r[3] in (2, 3)
     ]
     assert results_before == [{"sent": f"{TO}:one"}, {"sent": f"{TO}:two"}]

@@ -13,7 +13,8 @@ When the opening is committed is decided by what a crash during the call must le
   counted (its tokens are spent twice);
 - an IDEMPOTENT tool with a derived key: in the same transaction as the outcome. A crash
   during the call then leaves nothing, and the call is made again, which is what IDEMPOTENT
-  promises anyway; the step costs one commit instead of three.
+  promises anyway; the step costs one commit instead of three. When the outcome is a result,
+  the opening and the result are one TOOL_COMPLETED event instead of three events.
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ class Opening:
 
     events: list[NewEvent]
     disarm: bool
+    whole: bool = False
+    """The opening of an IDEMPOTENT tool with a derived key: a result closes it as one
+    TOOL_COMPLETED event, which stands for the opening and the result together."""
 
     def wake(self, wake_at_s: float | None) -> float | None:
         """The closing commit's timer: its own, else cleared if this attempt disarms one."""
@@ -147,7 +151,7 @@ def _begin(call: StepCall, spec: AttemptSpec, retry_pending: bool) -> Opening:
     ]
     if not dispatch.at_most_once and dispatch.claim is None:
         crashpoints.reach(crashpoints.AFTER_TOOL_DISPATCHED)
-        return Opening(opening, disarm=retry_pending)
+        return Opening(opening, disarm=retry_pending, whole=True)
     journal.append(
         opening, claim=dispatch.claim, wake_at_s=wake_at_s, durable=dispatch.at_most_once
     )
@@ -170,8 +174,13 @@ def _complete(call: StepCall, spec: AttemptSpec, value: Any, attempt: int, openi
     effect = None
     if dispatch is not None:
         effect = _effect(call, dispatch.key, spec.name, result_text=text)
+    if opening.whole:
+        step = call.step
+        recorded = [(events.TOOL_COMPLETED, step.fingerprint, codec.pair(step.canonical, text))]
+    else:
+        recorded = [*opening.events, (events.STEP_COMPLETED, None, text)]
     call.journal.append(
-        [*opening.events, (events.STEP_COMPLETED, None, text)],
+        recorded,
         side_effect=effect,
         release_claim=_claimed_key(dispatch),
         wake_at_s=opening.wake(KEEP),

@@ -45,6 +45,8 @@ def waiting_for(store: Store, row: RunRow) -> dict[str, Any] | None:
             armed[event.step] = codec.decode(event.data or "{}")["fire_at_s"]
         if event.kind in (events.STEP_COMPLETED, events.STEP_FAILED):
             finished.add(event.step)
+        if event.kind == events.TOOL_COMPLETED:
+            return None  # the last step is a tool's, finished: the run is about to go on
         if event.kind != events.STEP_STARTED:
             continue
         data = event.data or ""

@@ -199,6 +199,10 @@ function fold(v, e) {
       break;
     }
     case "TOOL_DISPATCHED": card(v, e.step).state = "dispatched"; break;
+    case "TOOL_COMPLETED": // a tool's opening and result in one event: fold both
+      fold(v, { ...e, kind: "STEP_STARTED", data: d[0] });
+      fold(v, { ...e, kind: "STEP_COMPLETED", data: d[1] });
+      break;
     case "STEP_COMPLETED": {
       const c = card(v, e.step);
       c.state = "done";
