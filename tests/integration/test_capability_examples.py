@@ -58,6 +58,7 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
+from logical_rows import logical
 
 from durabl import Runtime, events
 
@@ -98,7 +99,7 @@ def test_at_most_once_charges_once_and_resolves(tmp_path: Path) -> None:
     with Runtime(tmp_path / "checkout.db") as rt:
         assert rt.state("checkout-1042").status == events.COMPLETED
         assert rt.result("checkout-1042")["charge"]["charge_id"] == charges[0]["charge_id"]
-        kinds = [e.kind for e in rt.store.load_log("checkout-1042")]
+        kinds = [x.kind for e in rt.store.load_log("checkout-1042") for x in events.expanded(e)]
         assert rt.metrics("checkout-1042").dead_letters == 1
     assert kinds.count(events.DEAD_LETTERED) == 1
     assert kinds.count(events.DLQ_RESOLVED) == 1
@@ -177,7 +178,7 @@ def test_upgrade_keeps_the_old_run_on_the_old_branch_and_checks_before_deploying
 ) -> None:
     out = run_example("upgrade.py", tmp_path)
     assert "the prompt simply replaced (exit 1)" in out
-    assert re.search(r"ticket-101\s+answer_ticket\s+SLEEPING\s+WOULD HOLD\s+seq 5: recorded", out)
+    assert re.search(r"ticket-101\s+answer_ticket\s+SLEEPING\s+WOULD HOLD\s+seq 3: recorded", out)
     assert 'behind ctx.patched("reply-cites-docs") (exit 0)' in out
     assert "1 run checked: none would be held" in out
 
@@ -248,10 +249,15 @@ def test_approval_waits_in_no_process_and_takes_each_answer_once(tmp_path: Path)
             "SELECT run_id, id, name, payload, sent_s, delivered_step FROM signals ORDER BY run_id"
         ).fetchall()
         log = {
-            run: conn.execute(
-                "SELECT seq, kind, step, data, at_s FROM events WHERE run_id = ? ORDER BY seq",
-                (run,),
-            ).fetchall()
+            run: logical(
+                conn.execute(
+                    "SELECT seq, kind, step, data, at_s FROM events WHERE run_id = ? ORDER BY seq",
+                    (run,),
+                ).fetchall(),
+                kind=1,
+                data=3,
+                fp=None,
+            )
             for run in tickets
         }
     assert runs == dict.fromkeys(tickets, "COMPLETED")
@@ -351,7 +357,8 @@ def test_fork_reruns_after_the_search_with_the_new_prompt(tmp_path: Path) -> Non
     assert sorted(runs) == ["otters-brief", "otters-brief-v2"]  # the refused fork made none
     assert {status for status, _c, _u in runs.values()} == {"COMPLETED"}
     original, fork = log["otters-brief"], log["otters-brief-v2"]
-    assert (original[seq - 1][1], original[seq - 1][2]) == ("STEP_COMPLETED", 1)
+    # the search, an IDEMPOTENT tool: its attempt and result are one event
+    assert (original[seq - 1][1], original[seq - 1][2]) == ("TOOL_COMPLETED", 1)
     assert (original[seq][1], original[seq][2]) == ("STEP_STARTED", 2)  # the refused seq
 
     started = json.loads(fork[0][4])
@@ -361,7 +368,7 @@ def test_fork_reruns_after_the_search_with_the_new_prompt(tmp_path: Path) -> Non
     assert fork[1:seq] == original[1:seq]  # the prefix, copied as it was
     after = [(kind, step) for _q, kind, step, *_rest in fork[seq:]]
     assert after[0] == ("RUN_RESUMED", 0)
-    assert [step for kind, step in after if kind == "STEP_COMPLETED"] == [2, 3]
+    assert [step for kind, step in after if kind in ("STEP_COMPLETED", "TOOL_COMPLETED")] == [2, 3]
     # The fork's search came from the log: no effect was recorded under its key for step 1.
     assert keys == ["durabl:otters-brief-v2:3", "durabl:otters-brief:1", "durabl:otters-brief:3"]
 
@@ -406,7 +413,7 @@ def test_parallel_fetches_again_only_what_the_kill_lost(tmp_path: Path) -> None:
     assert parallel[0] == "parallel"
     assert [branch[2]["url"] for branch in parallel[1]] == urls
     branch_of = {2 + index: url for index, url in enumerate(urls)}  # after the Parallel's own
-    ends = [(q, s, d) for q, k, s, d in log if k == "STEP_COMPLETED"]
+    ends = [(q, s, d) for q, k, s, d in log if k in ("STEP_COMPLETED", "TOOL_COMPLETED")]
     assert Counter(s for _q, s, _d in ends) == dict.fromkeys([1, *branch_of, 2 + len(urls)], 1)
     ended_at = {branch_of[s]: q for q, s, _d in ends if s in branch_of}
     before = {url for url, seq in ended_at.items() if seq < resumed_at}
@@ -453,9 +460,14 @@ def test_subagents_make_one_child_per_step_and_each_effect_once(tmp_path: Path) 
         runs = dict(conn.execute("SELECT run_id, status FROM runs").fetchall())
         results = {r: json.loads(t) for r, t in conn.execute("SELECT run_id, result FROM runs")}
         logs = {
-            run: conn.execute(
-                "SELECT seq, kind, step, data FROM events WHERE run_id = ? ORDER BY seq", (run,)
-            ).fetchall()
+            run: logical(
+                conn.execute(
+                    "SELECT seq, kind, step, data FROM events WHERE run_id = ? ORDER BY seq", (run,)
+                ).fetchall(),
+                kind=1,
+                data=3,
+                fp=None,
+            )
             for run in runs
         }
     assert runs == dict.fromkeys([lead, *children], "COMPLETED")  # no second child, no other
@@ -534,9 +546,14 @@ def test_chat_session_continues_as_new_and_answers_each_message_once(tmp_path: P
             )
         }
         logs = {
-            run: conn.execute(
-                "SELECT seq, kind, step, data FROM events WHERE run_id = ? ORDER BY seq", (run,)
-            ).fetchall()
+            run: logical(
+                conn.execute(
+                    "SELECT seq, kind, step, data FROM events WHERE run_id = ? ORDER BY seq", (run,)
+                ).fetchall(),
+                kind=1,
+                data=3,
+                fp=None,
+            )
             for run in runs
         }
         signals = {
@@ -606,9 +623,15 @@ def test_function_calling_asks_the_model_only_for_what_the_kill_lost(tmp_path: P
         status, result = conn.execute(
             "SELECT status, result FROM runs WHERE run_id = 'umbrella-check'"
         ).fetchone()
-        log = conn.execute(
-            "SELECT seq, kind, step, data FROM events WHERE run_id = 'umbrella-check' ORDER BY seq"
-        ).fetchall()
+        log = logical(
+            conn.execute(
+                "SELECT seq, kind, step, data FROM events WHERE run_id = 'umbrella-check' "
+                "ORDER BY seq"
+            ).fetchall(),
+            kind=1,
+            data=3,
+            fp=None,
+        )
     assert status == "COMPLETED"
     killed_pid = json.loads(log[0][3])["pid"]
     resumed_at, resumed = next((q, json.loads(d)) for q, k, _s, d in log if k == "RUN_RESUMED")
