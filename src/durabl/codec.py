@@ -126,10 +126,8 @@ def pair(first: str, second: str) -> str:
 def unpair(text: str) -> tuple[str, str]:
     """The two texts ``pair`` put together. The first is found by scanning its value, so a
     large second text (a tool's result) is sliced, never parsed."""
-    if _scan is not None:
-        end = _scan(text, 1)[1]
-    else:
-        end = json.JSONDecoder().raw_decode(text, 1)[1]
+    scan = _scan if _scan is not None else json.JSONDecoder().raw_decode
+    end = scan(text, 1)[1]
     return text[1:end], text[end + 1 : -1]
 
 

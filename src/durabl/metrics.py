@@ -27,7 +27,6 @@ from durabl.replay import read_snapshot
 from durabl.states import Report
 from durabl.store.base import Store
 
-
 _KINDS = {
     '["model"': "model",
     '["tool",': "tool",

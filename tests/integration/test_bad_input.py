@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from logical_rows import logical
 
 from durabl import (
     DeadLetteredError,
@@ -36,6 +35,7 @@ from durabl import (
     tool,
 )
 from durabl.crashpoints import AFTER_STEP_COMMITTED, AFTER_TOOL_DISPATCHED, CrashAt, ProcessDeath
+from logical_rows import logical
 
 TABLES = ("runs", "events", "side_effects", "key_claims")
 

@@ -58,9 +58,9 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
-from logical_rows import logical
 
 from durabl import Runtime, events
+from logical_rows import logical
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"

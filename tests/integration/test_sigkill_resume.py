@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from logical_rows import logical
 
 AGENT = Path(__file__).with_name("sigkill_agent.py")

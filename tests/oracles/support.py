@@ -23,10 +23,10 @@ from typing import Any
 import psycopg
 
 import pg_support
-from logical_rows import logical
 from durabl import RetryPolicy, RunState, Runtime, tool
 from durabl.crashpoints import CrashAt, ProcessDeath
 from durabl.store import is_postgres_url
+from logical_rows import logical
 
 BACKENDS = ("sqlite", "postgres")
 Database = Path | str
