@@ -475,13 +475,14 @@ class DurablMachine(RuleBasedStateMachine):
         for rid, live in snap.events.items():
             mark = marks[rid]
             assert mark >= 0, f"run {rid} is compacted up to seq {-mark} and has no snapshot"
-            seqs = [row[0] for row in live]
+            seqs = list(dict.fromkeys(row[0] for row in live))  # expanded events share one
             assert seqs == list(range(mark + 1, mark + 1 + len(seqs))), (
                 f"run {rid} is compacted up to seq {mark} and holds seqs {seqs}"
             )
             known = self.logs.get(rid, [])
-            assert len(known) >= mark, f"run {rid}: seqs up to {mark} were folded unseen"
-            whole = known[:mark] + live
+            seen = {row[0] for row in known}
+            assert len(seen) >= mark, f"run {rid}: seqs up to {mark} were folded unseen"
+            whole = [row for row in known if row[0] <= mark] + live
             assert whole[: len(known)] == known, f"run {rid}: an event seen before changed"
             snap.events[rid] = self.logs[rid] = whole
         return snap

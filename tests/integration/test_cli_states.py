@@ -159,15 +159,15 @@ def test_show_in_every_state(states: Cli, answers: dict[Any, Any]) -> None:
     lines = answers["c-completed", "show"].stdout.splitlines()
     assert lines[1].startswith("spend: unknown (1 answer of a model with no price), 25 tokens")
     assert lines[2].startswith("no price, cost unknown: step ")
-    assert lines[3] == "seqs 1..12 were compacted into a snapshot of 4 steps"
+    assert lines[3] == "seqs 1..6 were compacted into a snapshot of 4 steps"
     assert lines[4].split() == ["SEQ", "TIME", "(UTC)", "KIND", "STEP", "DATA"]
-    assert [line.split()[0] for line in lines[5:]] == ["13"]
+    assert [line.split()[0] for line in lines[5:]] == ["7"]
     assert "RUN_COMPLETED" in lines[5]
     shown = states.json("show", "c-running")
-    assert (shown["watermark"], shown["snapshot_steps"], shown["events"]) == (6, 2, [])
+    assert (shown["watermark"], shown["snapshot_steps"], shown["events"]) == (4, 2, [])
     whole = states.json("show", "completed")
     assert (whole["watermark"], whole["snapshot_steps"]) == (0, 0)
-    assert [e["seq"] for e in whole["events"]] == list(range(1, 14))
+    assert [e["seq"] for e in whole["events"]] == list(range(1, 8))
 
 
 def test_show_trace_in_every_state(answers: dict[Any, Any]) -> None:
@@ -177,7 +177,7 @@ def test_show_trace_in_every_state(answers: dict[Any, Any]) -> None:
         assert trace["processes"] == (2 if run_id in ("reasked", "c-reasked", "dead") else 1)
     plain = json.loads(answers["completed", "trace"].stdout)
     folded = json.loads(answers["c-completed", "trace"].stdout)
-    assert folded["watermark"] == 12 and {s["step"] for s in folded["steps"]} == {None}
+    assert folded["watermark"] == 6 and {s["step"] for s in folded["steps"]} == {None}
     described = [s["description"].replace("c-completed", "completed") for s in folded["steps"]]
     assert described == [s["description"] for s in plain["steps"]]
     assert described[0] == "ModelCall('plan for completed')"
@@ -289,7 +289,7 @@ def test_doctor_names_the_damage(states: Cli, tmp_path: Path) -> None:
     _damage(
         flipped,
         "UPDATE events SET data = replace(data, '\"n\":1', '\"n\":7') "
-        "WHERE run_id = 'completed' AND seq = 9",
+        "WHERE run_id = 'completed' AND seq = 5",
     )
     snapshot = _copy(states, "snapshot.db")
     _damage(
@@ -322,7 +322,7 @@ def test_doctor_names_the_damage(states: Cli, tmp_path: Path) -> None:
         findings.append(found)
     assert (
         findings[0]
-        == "checksums DAMAGED run completed seq 9: the event (STEP_COMPLETED) fails its checksum"
+        == "checksums DAMAGED run completed seq 5: the event (TOOL_COMPLETED) fails its checksum"
     )
     assert findings[1].startswith("checksums DAMAGED run c-completed: the snapshot (its log up")
     assert findings[2] == "logs DAMAGED run completed: seq 5 is missing from the log".replace(
@@ -336,7 +336,7 @@ def test_doctor_names_the_damage(states: Cli, tmp_path: Path) -> None:
     assert [p.read_bytes() for p in damaged] == before
 
     refused = states("show", "completed", db=flipped)
-    one_line_error(refused, "seq 9", "checksum")
+    one_line_error(refused, "seq 5", "checksum")
 
 
 def test_compact_folds_the_other_runs_when_one_log_is_damaged(states: Cli) -> None:
@@ -344,13 +344,13 @@ def test_compact_folds_the_other_runs_when_one_log_is_damaged(states: Cli) -> No
     _damage(
         damaged,
         "UPDATE events SET data = replace(data, '\"n\":1', '\"n\":7') "
-        "WHERE run_id = 'completed' AND seq = 9",
+        "WHERE run_id = 'completed' AND seq = 5",
     )
     done = states("--json", "compact", db=damaged)
     assert done.returncode == 1, (done.stdout, done.stderr)
     report = json.loads(done.stdout)
     assert list(report["errors"]) == ["completed"]
-    assert "seq 9" in report["errors"]["completed"]
+    assert "seq 5" in report["errors"]["completed"]
     assert "checksum" in report["errors"]["completed"]
     folded = {r["run_id"] for r in report["runs"]}
     assert "costly" in folded and "completed" not in folded
@@ -374,18 +374,20 @@ def test_compact_shrinks_a_long_run_and_changes_no_answer(tmp_path: Path) -> Non
     partial = cli("--json", "compact", "long", "--keep-last", "5")
     shrunk = json.loads(_ok(partial))
     row = shrunk["runs"][0]
-    # 151 steps: RUN_STARTED, the model call's 2 events, then 3 events per tool call
-    assert (row["run_id"], row["steps_folded"], row["events_deleted"]) == ("long", 146, 438)
-    assert (row["watermark"], row["events_kept"]) == (438, 16)
-    assert shrunk["bytes_after"] < shrunk["bytes_before"] * 0.8
+    # 151 steps: RUN_STARTED, the model call's 2 events, then one TOOL_COMPLETED per tool call
+    assert (row["run_id"], row["steps_folded"], row["events_deleted"]) == ("long", 146, 148)
+    assert (row["watermark"], row["events_kept"]) == (148, 6)
+    # The snapshot keeps every folded step's result: what goes is the rest of each event (its
+    # step's canonical text, its seq, time and checksum) and the index entries.
+    assert shrunk["bytes_after"] < shrunk["bytes_before"] * 0.95
     text = cli("compact", "long")  # the table on stdout, then the sizes
     lines = _ok(text).splitlines()
-    assert lines[1].split() == ["long", "151", "15", "453", "1"]
+    assert lines[1].split() == ["long", "151", "5", "153", "1"]
     assert re.fullmatch(r"file: \d+ bytes before, \d+ bytes after", lines[-1])
     folded = cli.json("compact")
     assert [(r["run_id"], r["steps_folded"]) for r in folded["runs"]] == [("short", 4)]
     assert folded["busy"] == []
-    assert _on_disk(cli.db) < size * 0.8
+    assert _on_disk(cli.db) < size * 0.95
     again = cli("compact")
     assert _ok(again).splitlines()[0] == "nothing to fold"
 
@@ -394,7 +396,7 @@ def test_compact_shrinks_a_long_run_and_changes_no_answer(tmp_path: Path) -> Non
     assert [(s["how"], s["description"]) for s in trace_after["steps"]] == [
         (s["how"], s["description"]) for s in trace_before["steps"]
     ]
-    assert trace_after["watermark"] == 453 and trace_before["watermark"] == 0
+    assert trace_after["watermark"] == 153 and trace_before["watermark"] == 0
     assert after[1:] == before[1:]  # metrics and the dry replay
     _ok(cli("doctor"))
 

@@ -50,13 +50,11 @@ def test_the_demo_kills_resumes_and_sends_once(kill_after: int, tmp_path: Path) 
         store.close()
     first_boundary = next(i for i, e in enumerate(log) if e.kind == events.RUN_RESUMED)
     before = log[first_boundary - 1]
-    assert (before.kind, before.step) == (events.STEP_COMPLETED, kill_after - 1)
+    assert before.kind in (events.STEP_COMPLETED, events.TOOL_COMPLETED)
+    assert before.step == kill_after - 1
     killed = [(i, e.kind) for i, e in enumerate(log) if e.step == kill_after]
-    assert [kind for _, kind in killed] == [
-        events.STEP_STARTED,
-        events.TOOL_DISPATCHED,
-        events.STEP_COMPLETED,
-    ]
+    # an IDEMPOTENT search: its one attempt and its result are one event
+    assert [kind for _, kind in killed] == [events.TOOL_COMPLETED]
     assert killed[0][0] > first_boundary
 
 

@@ -158,8 +158,9 @@ def test_a_frozen_owner_is_fenced_off_after_a_takeover(tmp_path: Path, where: st
     assert_gapless(db, run_id)
 
     # Frozen in step 2 or before it, A had committed nothing of step 2: pausable's opening is
-    # deferred to its outcome, and A never reached notify's.
-    assert log_a[-1][1:3] == ("STEP_COMPLETED", 1)
+    # deferred to its outcome, and A never reached notify's. (Step 1 is IDEMPOTENT too: its
+    # attempt and its result are one TOOL_COMPLETED.)
+    assert log_a[-1][1:3] == ("TOOL_COMPLETED", 1)
     assert not [e for e in log_a if e[2] >= 2]
     takeover = len(log_a) + 1
     assert log_b[: len(log_a)] == log_a

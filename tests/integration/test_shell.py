@@ -164,10 +164,14 @@ def test_the_command_sees_its_steps_idempotency_key(tmp_path: Path) -> None:
     with shell_runtime(db) as rt:
         state = rt.run(keyed, run_id="keyed-1")
     assert state.status == "COMPLETED"
+    # An explicit key is recorded in its TOOL_DISPATCHED; a derived one is the run's id and
+    # the step's position, and its IDEMPOTENT step is one TOOL_COMPLETED.
     dispatched = [
         json.loads(data or "{}")["key"]
-        for _, kind, _, data, *_ in log_of(db, "keyed-1")
         if kind == "TOOL_DISPATCHED"
+        else derived_key("keyed-1", step)
+        for _, kind, step, data, *_ in log_of(db, "keyed-1")
+        if kind in ("TOOL_DISPATCHED", "TOOL_COMPLETED")
     ]
     assert state.result == dispatched == [derived_key("keyed-1", 1), "deploy-keyed-1"]
 

@@ -146,7 +146,7 @@ def test_a_killed_workers_runs_are_taken_over_at_once(tmp_path: Path) -> None:
         derived_key(run_id, step)
         for run_id, before in logs_before.items()
         for _, kind, step, *_ in before
-        if kind == "STEP_COMPLETED"
+        if kind in ("STEP_COMPLETED", "TOOL_COMPLETED")
     }
     interrupted = set(begun_before) - recorded - {notify_key}
     assert interrupted, "the kill interrupted no IDEMPOTENT effect"
@@ -174,7 +174,7 @@ def test_sigterm_lets_the_running_step_finish_and_parks_the_run(tmp_path: Path) 
         # The step that was running finished and was recorded; nothing after it began.
         assert count_by(lines(calls_file), kind="end") == {keys[0]: 1}
         kinds = [(kind, step) for _, kind, step, *_ in log_of(db, run_id)]
-        assert kinds[-1] == ("STEP_COMPLETED", 2)
+        assert kinds[-1] == ("TOOL_COMPLETED", 2)
         assert ("STEP_STARTED", 3) not in kinds
         ((status, owner, pid),) = query(
             db, "SELECT status, lease_owner, lease_pid FROM runs WHERE run_id = ?", (run_id,)

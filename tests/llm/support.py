@@ -76,10 +76,12 @@ class Chunks(list[Chunk]):
 
 
 def recorded(rt: Runtime, run_id: str, kind: str) -> list[tuple[int, Any]]:
-    """Each event of ``kind`` in the run's log: its step, and its data decoded."""
+    """Each event of ``kind`` in the run's log: its step, and its data decoded. A
+    TOOL_COMPLETED counts as the STEP_STARTED and STEP_COMPLETED it stands for."""
     return [
         (event.step, json.loads(event.data) if event.data else None)
-        for event in rt.store.load_log(run_id)
+        for logged in rt.store.load_log(run_id)
+        for event in events.expanded(logged)
         if event.kind == kind
     ]
 
