@@ -18,7 +18,7 @@ Databases live in a scratch folder on a real disk (never tmpfs: fsync must be re
    WAL commit (BEGIN IMMEDIATE, INSERT of one ~250-byte step-sized row into an events-like table
    with a (run_id, seq) index, COMMIT), synchronous=FULL in the full probes and NORMAL in the
    process probes; two such commits back to back (the AT_MOST_ONCE floor); and one commit of
-   the rows one IDEMPOTENT step writes (three events and an effect row, raw, no triggers).
+   the rows one IDEMPOTENT step writes (its one event and an effect row, raw, no triggers).
    Pooled over both sides' probes: it is the same disk.
 3. Dry replay: ``rt.replay(run_id, dry=True)`` (both versions have it) of a completed 1,000-step
    run built once per side, per served step; cold is the first replay in a fresh process, warm

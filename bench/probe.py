@@ -81,9 +81,7 @@ STEP_ROWS_SCHEMA = """CREATE TABLE IF NOT EXISTS effects (
 """The second table a step's rows go to: one row per effect, keyed."""
 STEP_ROWS_INSERT = (
     "INSERT INTO events (run_id, seq, kind, step, data, at_s, crc) VALUES "
-    "(:run_id, :seq, 'STEP_STARTED', :step, :canonical, :at_s, 0), "
-    "(:run_id, :seq + 1, 'TOOL_DISPATCHED', :step, :key, :at_s, 0), "
-    "(:run_id, :seq + 2, 'STEP_COMPLETED', :step, :data, :at_s, 0)"
+    "(:run_id, :seq, 'TOOL_COMPLETED', :step, '[' || :canonical || ',' || :data || ']', :at_s, 0)"
 )
 STEP_EFFECT_INSERT = (
     "INSERT INTO effects (key, run_id, step, result, at_s) VALUES (:key, :run_id, :step, :data, :at_s)"
@@ -252,16 +250,16 @@ def commit_floors(db: str, mode: str, commits: int) -> dict[str, Any]:
 
 
 def commit_step_rows(conn: sqlite3.Connection, step: int, data: str) -> None:
-    """One commit of the rows one IDEMPOTENT tool step writes (three events and its effect
-    row), with raw sqlite3 and no triggers: the floor of the same rows, not only one."""
+    """One commit of the rows one IDEMPOTENT tool step writes (its one event, holding the step's
+    text and its result, and its effect row), with raw sqlite3 and no triggers: the floor of the
+    same rows, not only one."""
     canonical = json.dumps(["tool", "append_line", {"i": step, "topic": TOPIC}])
     key = f"durabl:steps:{step}"
     params = {
         "run_id": "steps",
-        "seq": 3 * step - 2,
+        "seq": step,
         "step": step,
         "canonical": canonical,
-        "key": json.dumps({"key": key}),
         "data": data,
         "at_s": time.time(),
     }

@@ -365,7 +365,7 @@ def verify(db: Path, outbox: Path, run_ids: Sequence[str], *, keyed: bool) -> di
     first_resumed_s, last_completed_s = float("inf"), 0.0
     for run_id in run_ids:
         events = check_log(runs[run_id], logs[run_id])
-        dispatches += sum(1 for e in events if e.kind == "TOOL_DISPATCHED")
+        dispatches += sum(1 for e in events if e.kind in ("TOOL_DISPATCHED", "TOOL_COMPLETED"))
         resumes = [e for e in events if e.kind == "RUN_RESUMED"]
         resumes_per_run[len(resumes)] += 1
         for e in resumes:

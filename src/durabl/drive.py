@@ -165,7 +165,11 @@ class Drive:
         out once every run recorded before the change is finished leaves, in the runs that took
         the new branch, a marker where the code now yields the new branch's first step."""
         steps = self.history.steps
-        while (rec := steps.get(self.progress.position)) is not None and replay.is_patch(rec):
+        while (
+            (rec := steps.get(self.progress.position)) is not None
+            and rec.canonical is None  # a marker records no canonical text
+            and replay.is_patch(rec)
+        ):
             self.progress.position += 1
             self.progress.replayed += 1
 

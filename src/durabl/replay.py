@@ -362,7 +362,9 @@ def decide(history: History, position: int, step: Step) -> tuple[str, StepRecord
         if history.terminal is not None:
             raise mismatch(history, position, "the end of the workflow", step.describe())
         return EXECUTE, None
-    if rec.fp != step.fingerprint:
+    # The same canonical text is the same fingerprint (which is its hash), and comparing the
+    # texts saves hashing the step on every step served; a folded step has only its fp.
+    if rec.canonical != step.canonical if rec.canonical is not None else rec.fp != step.fingerprint:
         expected, actual = describe_record(rec), step.describe()
         if expected == actual and rec.canonical is not None:
             # Short descriptions can coincide for long arguments: show everything.

@@ -24,7 +24,7 @@ def test_dashboard_benchmark_quick(tmp_path: Path) -> None:
     assert report["benchmark"] == "dashboard" and report["quick"] is True
     long, short = report["runs"]["long"], report["runs"]["short"]
     assert (short["steps"], long["steps"]) == (10, 10_000)
-    assert long["events"] == 3 * 10_000 + 2  # STEP_STARTED, TOOL_DISPATCHED, STEP_COMPLETED each
+    assert long["events"] == 10_000 + 2  # one TOOL_COMPLETED each, RUN_STARTED, RUN_COMPLETED
     for run in (long, short):
         for kind in ("poll_ms", "poll_one_ms"):
             assert run[kind]["n"] == report["samples"] and run[kind]["median"] > 0

@@ -136,7 +136,7 @@ def test_memory(report: dict[str, Any]) -> None:
         for name in ("baseline_rss_mb", "hwm_mb", "peak_above_baseline_mb", "call_s"):
             assert positive(figures[name]), (how, name)
     traced = long_run["traced"]
-    assert traced["events_loaded"] > 3 * steps
+    assert traced["events_loaded"] > steps
     assert positive(traced["log_load_heap_peak_mb"]) and positive(traced["dry_replay_heap_peak_mb"])
 
 
