@@ -116,6 +116,7 @@ class Drive:
         gen = self.wf.steps(ctx, **self.wf.bind(run_input))  # an async one's through an adapter
         send: Any = None
         throw: BaseException | None = None
+        progress = self.progress
         try:
             while True:
                 try:
@@ -136,18 +137,19 @@ class Drive:
                     self._check_hold()
                     self._fail(exc)
                     return
-                self._check_hold()
+                if self.hold is not None:  # _check_hold, inline: this runs at every step
+                    raise Hold(self.hold)
                 send, throw = None, None
                 if not isinstance(yielded, Step) or isinstance(yielded, CtxValue):
                     throw = not_a_step(workflow=self.wf.name, yielded=yielded)
                     continue
-                self.progress.position += 1
+                progress.position += 1
                 try:
                     send = self._step(yielded)
                 except StepFailed as failed:
                     throw = failed
                 finally:
-                    self.progress.position += yielded.width - 1  # a Parallel's branches
+                    progress.position += yielded.width - 1  # a Parallel's branches
         except Park:
             return
         except Hold as hold:

@@ -97,10 +97,16 @@ class History:
             raise MissingSnapshotError(run_id=run_id, watermark=watermark)
         else:
             history = cls(run_id)
-        for event in log:
-            if history.last_seq == watermark and event.seq != watermark + 1:
-                raise CompactedLogGapError(run_id=run_id, seq=event.seq, watermark=watermark)
-            history.apply(event)
+        rows = iter(log)
+        first = next(rows, None)
+        if first is None:
+            return history
+        if first.seq != watermark + 1:
+            raise CompactedLogGapError(run_id=run_id, seq=first.seq, watermark=watermark)
+        apply = history.apply
+        apply(first)
+        for event in rows:
+            apply(event)
         return history
 
     @classmethod
