@@ -25,12 +25,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from durabl import events, leases, replay, telemetry
+from durabl import codec, events, leases, replay, telemetry
 from durabl.cli.opening import read_store, runtime
 from durabl.cli.options import EXIT_FAILED, EXIT_OK, REQUIRED, Commands, UsageError, positive_whole
 from durabl.cli.render import Grid, dollars, emit, headline, print_state, short, when
 from durabl.metrics import Metrics, MetricsFold
 from durabl.replay import History, StepRecord
+from durabl.steps import describe_canonical
 from durabl.store import Store, open_store
 from durabl.store.base import RunRow
 from durabl.store.reads import lineage, links, require_run, waiting_for
@@ -350,6 +351,9 @@ def _cell(run: _Loaded, e: events.Event, partials: dict[int, _Partial]) -> str:
     answer's text so far, marked as cut off when its attempt ended without an answer."""
     if e.seq in partials:
         return partials[e.seq].cell()
+    if e.kind == events.TOOL_COMPLETED:  # the step and its result, in one event
+        canonical, result = codec.unpair(e.data or "[null,null]")
+        return f"{describe_canonical(canonical)} -> {short(result)}"
     rec = run.history.steps.get(e.step) if e.kind == events.STEP_COMPLETED else None
     answer = _answer(rec) if rec is not None else None
     if answer is None:
