@@ -75,6 +75,18 @@ def research(db: Path, clock: FixedClock) -> str:
     return run_id
 
 
+def research_one_event(db: Path, clock: FixedClock) -> str:
+    """``research`` again, recorded since a finished IDEMPOTENT tool call is one TOOL_COMPLETED
+    event (``research.json`` keeps the three events an earlier durabl wrote for it)."""
+    with _runtime(db, clock) as rt:
+        run_id = rt.start(
+            "golden.research", {"topic": "sea otters", "email": "a@b.c"}, run_id="golden-research-2"
+        )
+        clock.now_s += 3600
+        rt.tick()
+    return run_id
+
+
 def retry_and_fallback(db: Path, clock: FixedClock) -> str:
     with _runtime(db, clock) as rt:
         run_id = rt.start("golden.retry_and_fallback", {"n": 4}, run_id="golden-retry")
@@ -175,6 +187,7 @@ def continued(db: Path, clock: FixedClock) -> str:
 
 SCENARIOS: dict[str, Callable[[Path, FixedClock], str]] = {
     "research": research,
+    "research_one_event": research_one_event,
     "retry_and_fallback": retry_and_fallback,
     "crash_resumed": crash_resumed,
     "failing": failing,

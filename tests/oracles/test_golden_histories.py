@@ -464,6 +464,7 @@ def crash_resumed_changed(ctx: Any, to: str) -> Any:
     ("stem", "changed", "position"),
     [
         ("research", research_changed, 2),
+        ("research_one_event", research_changed, 2),
         ("crash_resumed", crash_resumed_changed, 2),
         # the change deployed without its guard, under a run recorded by the old code
         ("patched_old_branch", patched_without_guard, 2),
@@ -477,6 +478,7 @@ def crash_resumed_changed(ctx: Any, to: str) -> Any:
     ],
     ids=[
         "research",
+        "research_one_event",
         "crash_resumed",
         "unguarded-on-old-branch",
         "old-code-on-new-branch",
