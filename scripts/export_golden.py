@@ -65,11 +65,9 @@ def _runtime(
     )
 
 
-def research(db: Path, clock: FixedClock) -> str:
+def research(db: Path, clock: FixedClock, run_id: str = "golden-research") -> str:
     with _runtime(db, clock) as rt:
-        run_id = rt.start(
-            "golden.research", {"topic": "sea otters", "email": "a@b.c"}, run_id="golden-research"
-        )
+        rt.start("golden.research", {"topic": "sea otters", "email": "a@b.c"}, run_id=run_id)
         clock.now_s += 3600
         rt.tick()
     return run_id
@@ -78,13 +76,7 @@ def research(db: Path, clock: FixedClock) -> str:
 def research_one_event(db: Path, clock: FixedClock) -> str:
     """``research`` again, recorded since a finished IDEMPOTENT tool call is one TOOL_COMPLETED
     event (``research.json`` keeps the three events an earlier durabl wrote for it)."""
-    with _runtime(db, clock) as rt:
-        run_id = rt.start(
-            "golden.research", {"topic": "sea otters", "email": "a@b.c"}, run_id="golden-research-2"
-        )
-        clock.now_s += 3600
-        rt.tick()
-    return run_id
+    return research(db, clock, run_id="golden-research-2")
 
 
 def retry_and_fallback(db: Path, clock: FixedClock) -> str:

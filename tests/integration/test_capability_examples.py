@@ -56,6 +56,7 @@ import sys
 from collections import Counter
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -82,6 +83,15 @@ def run_example(name: str, folder: Path) -> str:
 
 def jsonl(path: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+def log_rows(conn: sqlite3.Connection, run_id: str) -> list[tuple[Any, ...]]:
+    """(seq, kind, step, data) of a run's events, read with sqlite3 alone, a TOOL_COMPLETED as
+    the events it stands for."""
+    rows = conn.execute(
+        "SELECT seq, kind, step, data FROM events WHERE run_id = ? ORDER BY seq", (run_id,)
+    ).fetchall()
+    return logical(rows, kind=1, data=3, fp=None)
 
 
 def test_at_most_once_charges_once_and_resolves(tmp_path: Path) -> None:
@@ -459,17 +469,7 @@ def test_subagents_make_one_child_per_step_and_each_effect_once(tmp_path: Path) 
     with closing(sqlite3.connect(tmp_path / "brief.db")) as conn:
         runs = dict(conn.execute("SELECT run_id, status FROM runs").fetchall())
         results = {r: json.loads(t) for r, t in conn.execute("SELECT run_id, result FROM runs")}
-        logs = {
-            run: logical(
-                conn.execute(
-                    "SELECT seq, kind, step, data FROM events WHERE run_id = ? ORDER BY seq", (run,)
-                ).fetchall(),
-                kind=1,
-                data=3,
-                fp=None,
-            )
-            for run in runs
-        }
+        logs = {run: log_rows(conn, run) for run in runs}
     assert runs == dict.fromkeys([lead, *children], "COMPLETED")  # no second child, no other
 
     lead_log = logs[lead]
@@ -545,17 +545,7 @@ def test_chat_session_continues_as_new_and_answers_each_message_once(tmp_path: P
                 "SELECT run_id, status, result, created_s FROM runs"
             )
         }
-        logs = {
-            run: logical(
-                conn.execute(
-                    "SELECT seq, kind, step, data FROM events WHERE run_id = ? ORDER BY seq", (run,)
-                ).fetchall(),
-                kind=1,
-                data=3,
-                fp=None,
-            )
-            for run in runs
-        }
+        logs = {run: log_rows(conn, run) for run in runs}
         signals = {
             run: conn.execute(
                 "SELECT id, payload, sent_s, delivered_step FROM signals WHERE run_id = ? "
