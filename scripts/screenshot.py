@@ -62,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         db, outbox = Path(tmp) / "agent.db", Path(tmp) / "outbox.log"
         agent = [sys.executable, str(AGENT), "--db", str(db), "--outbox", str(outbox)]
-        kill_when([*agent, "--fresh", "--step-delay", "0.5"], db, (events.TOOL_DISPATCHED, 3))
+        # the first search (step 2) recorded: the agent is inside the second, which writes
+        # nothing until it returns (an IDEMPOTENT call's attempt and result are one event)
+        kill_when([*agent, "--fresh", "--step-delay", "0.5"], db, (events.TOOL_COMPLETED, 2))
         kill_when([*agent, "--step-delay", "0.1"], db, (events.TIMER_ARMED, 5))
         time.sleep(2.5)  # the timer is due now; the next process fires it
         subprocess.run([*agent, "--step-delay", "0.1"], check=True, capture_output=True)

@@ -475,7 +475,7 @@ class DurablMachine(RuleBasedStateMachine):
         for rid, live in snap.events.items():
             mark = marks[rid]
             assert mark >= 0, f"run {rid} is compacted up to seq {-mark} and has no snapshot"
-            seqs = list(dict.fromkeys(row[0] for row in live))  # expanded events share one
+            seqs = list(dict.fromkeys(row[0] for row in live))  # expanded events share a seq
             assert seqs == list(range(mark + 1, mark + 1 + len(seqs))), (
                 f"run {rid} is compacted up to seq {mark} and holds seqs {seqs}"
             )

@@ -531,7 +531,7 @@ class Snapshot:
 def assert_snapshot_gapless(snap: Snapshot) -> None:
     """Every run's seq numbers are exactly 1..N, and every run has its RUN_STARTED."""
     for run_id, rows in snap.events.items():
-        seqs = list(dict.fromkeys(row[0] for row in rows))  # an expanded event's share one
+        seqs = list(dict.fromkeys(row[0] for row in rows))  # expanded events share a seq
         assert seqs == list(range(1, len(seqs) + 1)), f"run {run_id} has seqs {seqs}"
         assert rows and rows[0][1] == "RUN_STARTED", f"run {run_id} does not begin RUN_STARTED"
 
@@ -885,7 +885,8 @@ def assert_runs_linked(snap: Snapshot) -> None:
     assert not roots, f"runs name parent steps that started no ChildRun: {roots}"
 
 
-OUTCOMES = ("STEP_COMPLETED", "TOOL_COMPLETED", "STEP_FAILED", "TIMER_FIRED", "CTX_RECORDED")
+OUTCOMES = ("STEP_COMPLETED", "STEP_FAILED", "TIMER_FIRED", "CTX_RECORDED")
+"""The events that end a step in a Snapshot, whose TOOL_COMPLETED rows are already expanded."""
 
 
 def assert_steps_finish_once(snap: Snapshot, *, finished: bool) -> None:
