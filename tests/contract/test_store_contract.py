@@ -1114,6 +1114,38 @@ class TestStoreContract:
             store.commit(parked)
         assert state_of(store, "run-1") == before
 
+    def test_a_finished_tool_calls_commit_is_refused_whole(self, store: Store) -> None:
+        """One event and its side effect, a tool call's whole commit: a stale fence, a gap in
+        the log and a key already taken each refuse both, and the effect's own run and step
+        are the ones recorded."""
+        new_run(store)
+        token = store.take_lease("run-1", 0, lease("me"))
+        store.commit(Commit("run-1", [event(2)], side_effect=effect("taken"), fence=token))
+        before = state_of(store, "run-1", ("taken", "k-2"))
+        done = event(3, events.TOOL_COMPLETED, step=2, data='[["tool"],"ok"]')
+        for commit, refused_as in (
+            (
+                Commit("run-1", [done], side_effect=effect("k-2", step=2), fence=token - 1),
+                LeaseLost,
+            ),
+            (
+                Commit("run-1", [event(4)], side_effect=effect("k-2", step=2), fence=token),
+                LogGapError,
+            ),
+            (
+                Commit("run-1", [done], side_effect=effect("taken", step=2), fence=token),
+                SideEffectExistsError,
+            ),
+        ):
+            with pytest.raises(refused_as):
+                store.commit(commit)
+            assert state_of(store, "run-1", ("taken", "k-2")) == before
+        store.commit(
+            Commit("run-1", [done], side_effect=effect("k-2", "run-2", step=5), fence=token)
+        )
+        assert store.load_log("run-1")[-1] == done
+        assert store.side_effect("k-2") == effect("k-2", "run-2", step=5)
+
     def test_an_eventless_commit_with_a_stale_token_writes_nothing_else_either(
         self, store: Store
     ) -> None:

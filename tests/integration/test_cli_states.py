@@ -309,7 +309,11 @@ def test_doctor_names_the_damage(states: Cli, tmp_path: Path) -> None:
     conn.close()
     text = tmp_path / "notes.txt"
     text.write_text("hello\n" * 50)
-    damaged = [flipped, snapshot, hole, foreign, newer, text]
+    writer = _copy(states, "writer.db")
+    with sqlite3.connect(writer) as conn:
+        conn.execute("DROP TRIGGER events_with_effects_insert")
+    conn.close()
+    damaged = [flipped, snapshot, hole, foreign, newer, text, writer]
     before = [p.read_bytes() for p in damaged]
 
     reports = states.many([["doctor", "--db", str(p)] for p in damaged])
@@ -333,6 +337,10 @@ def test_doctor_names_the_damage(states: Cli, tmp_path: Path) -> None:
     )
     assert "schema v99" in findings[4] and "newer durabl" in findings[4]
     assert "not a SQLite file" in findings[5]
+    assert findings[6].endswith(
+        "trigger events_with_effects_insert is missing: the commits that insert through its "
+        "view fail"
+    )
     assert [p.read_bytes() for p in damaged] == before
 
     refused = states("show", "completed", db=flipped)

@@ -452,6 +452,7 @@ def test_a_file_from_before_signals_is_refused_until_a_runtime_migrates_it(
     with _runtime(old) as rt:
         assert rt.run(chain, {"steps": 1}, run_id="before-signals").status == "COMPLETED"
     with contextlib.closing(sqlite3.connect(old)) as conn:
+        conn.execute("DROP VIEW events_with_effects")  # with its trigger: what v5 added
         conn.execute("DROP TABLE signals")  # with its index and triggers: what v4 added
         conn.execute("PRAGMA user_version = 3")
         conn.commit()

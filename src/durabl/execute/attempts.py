@@ -174,6 +174,7 @@ def _complete(call: StepCall, spec: AttemptSpec, value: Any, attempt: int, openi
     effect = None
     if dispatch is not None:
         effect = _effect(call, dispatch.key, spec.name, result_text=text)
+    recorded: list[NewEvent]
     if opening.whole:
         step = call.step
         recorded = [(events.TOOL_COMPLETED, step.fingerprint, codec.pair(step.canonical, text))]

@@ -207,11 +207,22 @@ def _schema(conn: sqlite3.Connection) -> tuple[int, int, list[Finding]]:
     return version, SCHEMA_VERSION, _triggers(about, MIGRATIONS, present)
 
 
+_WRITER = re.compile(r"CREATE TRIGGER (\w+) INSTEAD OF")
+"""A trigger that writes rather than refuses: it turns an insert into a view into its rows."""
+
+
 def _triggers(about: str, migrations: list[tuple[int, str]], present: set[str]) -> list[Finding]:
-    """Whether every trigger the migrations create is in force."""
+    """Whether every trigger the migrations create is in force: the guards of the invariants,
+    and the writers behind the views a commit inserts into."""
     wanted = [n for _, script in migrations for n in re.findall(r"CREATE TRIGGER (\w+)", script)]
+    writers = {n for _, script in migrations for n in _WRITER.findall(script)}
     problems = [
-        f"trigger {name} is missing: the database no longer enforces the invariant it guards"
+        f"trigger {name} is missing: "
+        + (
+            "the commits that insert through its view fail"
+            if name in writers
+            else "the database no longer enforces the invariant it guards"
+        )
         for name in wanted
         if name not in present
     ]

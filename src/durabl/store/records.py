@@ -15,7 +15,7 @@ from typing import Any
 
 from durabl import codec
 from durabl.events import Event
-from durabl.store.base import Lease, RunRow
+from durabl.store.base import Lease, RunRow, SideEffect
 
 Statement = tuple[str, dict[str, Any]]
 """A statement to run: its name in ``Q`` and its named parameters."""
@@ -79,6 +79,25 @@ def event_insert(run_id: str, e: Event, fence: int | None) -> Statement:
         "fence": fence,
     }
     return "insert_event", params
+
+
+def event_with_effect_insert(
+    run_id: str, e: Event, fence: int | None, effect: SideEffect
+) -> Statement:
+    """The statement appending ``e`` and recording ``effect`` together: a finished tool
+    call's commit in one statement instead of a transaction of two."""
+    _, params = event_insert(run_id, e, fence)
+    params.update(
+        idempotency_key=effect.key,
+        effect_run_id=effect.run_id,
+        effect_step=effect.step,
+        tool=effect.tool,
+        args_fp=effect.args_fp,
+        result=effect.result_text,
+        error=effect.error,
+        effect_at_s=effect.at_s,
+    )
+    return "insert_event_with_effect", params
 
 
 def events_insert(run_id: str, appended: list[Event], fence: int | None) -> Statement:

@@ -47,6 +47,7 @@ from durabl.store.files import file_bytes
 from durabl.store.records import (
     NO_LEASE,
     Statement,
+    event_with_effect_insert,
     events_insert,
     parameters_of,
     run_row,
@@ -67,6 +68,11 @@ _UNCOUNTED = frozenset(
 )
 """Statements that may change no row in a commit whose fence held: they come after the run
 row's update, whose count tells whether it did."""
+
+_RECORDS_EFFECT = frozenset({"insert_side_effect", "insert_event_with_effect"})
+"""Statements that record a side effect: a duplicate key in one is the effect's key taken.
+(The other insert of ``insert_event_with_effect``, its event's, is refused by the log's
+gapless trigger before its own key could be.)"""
 
 
 def check_durability(durability: str) -> None:
@@ -232,10 +238,16 @@ class SQLiteStore:
         changed-row count tells whether the fence held."""
         run_id, fence = commit.run_id, commit.fence
         statements = []
-        if commit.events:
-            statements.append(events_insert(run_id, commit.events, fence))
-        if commit.side_effect is not None:
-            statements.append(("insert_side_effect", parameters_of(commit.side_effect)))
+        if len(commit.events) == 1 and commit.side_effect is not None:
+            # The common commit of a finished tool call: one statement, not two.
+            statements.append(
+                event_with_effect_insert(run_id, commit.events[0], fence, commit.side_effect)
+            )
+        else:
+            if commit.events:
+                statements.append(events_insert(run_id, commit.events, fence))
+            if commit.side_effect is not None:
+                statements.append(("insert_side_effect", parameters_of(commit.side_effect)))
         if commit.claim is not None:
             statements.append(("upsert_claim", parameters_of(commit.claim, at_s=commit.at_s)))
         if commit.release_claim is not None:
@@ -441,8 +453,11 @@ class SQLiteStore:
         name, params = statement
         if name == "insert_run" and duplicate_key(exc):
             return RunExistsError(path=self.path, run_id=params["run_id"])
-        if name == "insert_side_effect" and duplicate_key(exc):
-            key, run_id, step = params["idempotency_key"], params["run_id"], params["step"]
+        if name in _RECORDS_EFFECT and duplicate_key(exc):
+            key = params["idempotency_key"]
+            combined = name == "insert_event_with_effect"
+            run_id = params["effect_run_id" if combined else "run_id"]
+            step = params["effect_step" if combined else "step"]
             return SideEffectExistsError(path=self.path, key=key, run_id=run_id, step=step)
         return storage_error(self.path, exc)
 

@@ -64,6 +64,15 @@ WHERE run_id = :run_id AND (:fence IS NULL OR lease_token = :fence);
 INSERT INTO side_effects (idempotency_key, run_id, step, tool, args_fp, result, error, at_s)
 VALUES (:idempotency_key, :run_id, :step, :tool, :args_fp, :result, :error, :at_s);
 
+-- name: insert_event_with_effect
+-- One event and the side effect it records, in one statement (the view's trigger writes both).
+INSERT INTO events_with_effects (run_id, seq, kind, step, fp, data, at_s, crc, fence,
+                                 idempotency_key, effect_run_id, effect_step, tool, args_fp,
+                                 result, error, effect_at_s)
+VALUES (:run_id, :seq, :kind, :step, :fp, :data, :at_s, :crc, :fence,
+        :idempotency_key, :effect_run_id, :effect_step, :tool, :args_fp,
+        :result, :error, :effect_at_s);
+
 -- name: get_side_effect
 SELECT idempotency_key AS key, run_id, step, tool, args_fp, result AS result_text, error, at_s
 FROM side_effects WHERE idempotency_key = :idempotency_key;
