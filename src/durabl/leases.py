@@ -15,6 +15,7 @@ Takeover rules, checked in this order:
 
 from __future__ import annotations
 
+import _thread
 import os
 import threading
 import time
@@ -127,7 +128,9 @@ class Leaser:
         self.lease_s = lease_s
         self.held: dict[str, int] = {}
         self._lock = threading.Lock()
-        self._heartbeat: threading.Thread | None = None
+        self._heartbeat: int | None = None
+        """The heartbeat thread's identity, once it is started."""
+        self._beat_ended = threading.Event()
         self._stop = threading.Event()
 
     def lease(self) -> Lease:
@@ -189,19 +192,25 @@ class Leaser:
 
     def close(self) -> None:
         self._stop.set()
-        if self._heartbeat is not None and self._heartbeat is not threading.current_thread():
-            self._heartbeat.join(timeout=5)
+        if self._heartbeat is not None and self._heartbeat != threading.get_ident():
+            self._beat_ended.wait(timeout=5)
 
     def _start_heartbeat(self) -> None:
+        # A bare thread: threading.Thread.start would wait for the new thread to run before
+        # returning, and the first lease is taken on the way to a resumed run's first step.
+        # Like a daemon thread, it does not hold up the interpreter's exit.
         if self._heartbeat is None:
-            self._heartbeat = threading.Thread(
-                target=self._beat, name=f"durabl-lease-{self.owner[:8]}", daemon=True
-            )
-            self._heartbeat.start()
+            self._heartbeat = _thread.start_new_thread(self._beat, ())
 
     def _beat(self) -> None:
         """Renew every held lease each third of its length. No fsync: a renewal lost to a power
         cut only makes a lease expire sooner, which costs a takeover, never a duplicate."""
+        try:
+            self._renew_until_stopped()
+        finally:
+            self._beat_ended.set()
+
+    def _renew_until_stopped(self) -> None:
         while not self._stop.wait(self.lease_s / 3):
             with self._lock:
                 held = dict(self.held)
