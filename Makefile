@@ -17,8 +17,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) scripts/demo.py
 
+# Two processes, a test file to each at a time (a file's fixtures are shared by its tests);
+# then, by themselves, the tests that disturb every other one (a server restart).
 test: imports $(CHROMIUM) postgres-up
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not alone"
+	$(PY) -m pytest -q -m alone
 
 # The PostgreSQL backend's tests need the machine's server running (they create and drop their
 # own databases in it); start it if it is not.

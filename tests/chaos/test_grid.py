@@ -30,6 +30,8 @@ from chaos.lives import MODES, Death, SharedClock, live_in_process
 from durabl import crashpoints
 from oracles.support import Database, Snapshot, copy_database
 
+pytestmark = pytest.mark.timeout(900)
+"""The grid runs in the first test's setup: minutes, more beside another test process."""
 CHAOS = os.environ.get("DURABL_CHAOS", "sample")
 SHAPES = {"sample": grid.SAMPLE, "full": grid.FULL}
 MINIMUM = {

@@ -51,6 +51,8 @@ SIGKILL = ("chaos.shared", "chaos.mixed", "chaos.continue")
 AGAIN_IN = "chaos.shared"
 AGAIN_AFTER = Death(crashpoints.AFTER_TOOL_DISPATCHED, 1)
 """The first death, in ``AGAIN_IN``, that a second death follows at every point."""
+pytestmark = pytest.mark.timeout(900)
+"""The grid runs in the first test's setup: minutes, more beside another test process."""
 MINIMUM = 200
 """Counted scenarios: the sample must not silently shrink."""
 

@@ -162,6 +162,7 @@ def test_connections_cut_again_and_again_lose_and_repeat_nothing(tmp_path: Path,
     assert "reconnected to" in errors
 
 
+@pytest.mark.alone  # the restart cuts every other test's sessions on the server too
 def test_a_server_crash_and_restart_while_workers_run(tmp_path: Path, url: str) -> None:
     env = env_for(tmp_path, DURABL_TEST_STEP_S="0.05")
     with processes() as procs:
