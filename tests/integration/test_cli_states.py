@@ -338,8 +338,8 @@ def test_doctor_names_the_damage(states: Cli, tmp_path: Path) -> None:
     assert "schema v99" in findings[4] and "newer durabl" in findings[4]
     assert "not a SQLite file" in findings[5]
     assert findings[6].endswith(
-        "trigger events_with_effects_insert is missing: the commits that insert through its "
-        "view fail"
+        "trigger events_with_effects_insert is missing: a finished tool call can no longer be "
+        "recorded (its commit inserts through the trigger's view)"
     )
     assert [p.read_bytes() for p in damaged] == before
 

@@ -219,7 +219,8 @@ def _triggers(about: str, migrations: list[tuple[int, str]], present: set[str]) 
     problems = [
         f"trigger {name} is missing: "
         + (
-            "the commits that insert through its view fail"
+            "a finished tool call can no longer be recorded (its commit inserts through the "
+            "trigger's view)"
             if name in writers
             else "the database no longer enforces the invariant it guards"
         )

@@ -69,10 +69,14 @@ _UNCOUNTED = frozenset(
 """Statements that may change no row in a commit whose fence held: they come after the run
 row's update, whose count tells whether it did."""
 
-_RECORDS_EFFECT = frozenset({"insert_side_effect", "insert_event_with_effect"})
-"""Statements that record a side effect: a duplicate key in one is the effect's key taken.
-(The other insert of ``insert_event_with_effect``, its event's, is refused by the log's
-gapless trigger before its own key could be.)"""
+_EFFECT_OWNER = {
+    "insert_side_effect": ("run_id", "step"),
+    "insert_event_with_effect": ("effect_run_id", "effect_step"),
+}
+"""Statements that record a side effect, and the parameters naming the effect's run and step:
+a duplicate key in one is the effect's key taken. (The other insert of
+``insert_event_with_effect``, its event's, is refused by the log's gapless trigger before its
+own key could be.)"""
 
 
 def check_durability(durability: str) -> None:
@@ -453,11 +457,9 @@ class SQLiteStore:
         name, params = statement
         if name == "insert_run" and duplicate_key(exc):
             return RunExistsError(path=self.path, run_id=params["run_id"])
-        if name in _RECORDS_EFFECT and duplicate_key(exc):
-            key = params["idempotency_key"]
-            combined = name == "insert_event_with_effect"
-            run_id = params["effect_run_id" if combined else "run_id"]
-            step = params["effect_step" if combined else "step"]
+        if name in _EFFECT_OWNER and duplicate_key(exc):
+            run_key, step_key = _EFFECT_OWNER[name]
+            key, run_id, step = params["idempotency_key"], params[run_key], params[step_key]
             return SideEffectExistsError(path=self.path, key=key, run_id=run_id, step=step)
         return storage_error(self.path, exc)
 
