@@ -117,9 +117,10 @@ class Engine:
             return self._start_again(existing, wf, row.input_text)
         self.writer.written.add(row.run_id)
         self.workflows.setdefault(wf.name, wf)
-        with self.owning(row.run_id, token=1) as (row, token):
+        # The row and the log are what create_run has just written: not read back.
+        with self.owning(row.run_id, token=1, current=row) as (row, token):
             crashpoints.reach(crashpoints.AFTER_RUN_STARTED)
-            return self.drive_owned(row, wf, None, token)
+            return self.drive_owned(row, wf, None, token, History.from_events(row.run_id, [first]))
 
     def submit(
         self,
@@ -178,6 +179,7 @@ class Engine:
             wake_at_s=None,
             watermark=0,
             lease=self.leaser.lease() if leased else None,
+            lease_token=1 if leased else 0,  # as create_run writes it
         )
         return wf, row, Event(1, events.RUN_STARTED, 0, None, started, now_s)
 
@@ -305,11 +307,16 @@ class Engine:
 
     @contextlib.contextmanager
     def owning(
-        self, run_id: str, token: int | None = None, seen: RunRow | None = None
+        self,
+        run_id: str,
+        token: int | None = None,
+        seen: RunRow | None = None,
+        current: RunRow | None = None,
     ) -> Iterator[tuple[RunRow, int]]:
         """Hold the run's lease for the block: the fresh row and the fencing token to write
         with. A simulated death leaves the lease in the database, as a real one would.
-        ``seen``: the run's row as the caller read it, tried first for a free lease."""
+        ``seen``: the run's row as the caller read it, tried first for a free lease.
+        ``current``: the row as the caller has just written it, yielded instead of a read."""
         with leases.driving(run_id, self.leaser.owner):
             try:
                 if token is None:
@@ -317,7 +324,7 @@ class Engine:
                     crashpoints.reach(crashpoints.AFTER_LEASE_TAKEN)
                 else:
                     self.leaser.hold(run_id, token)
-                yield self.row(run_id), token
+                yield current or self.row(run_id), token
             except crashpoints.ProcessDeath:
                 self.leaser.forget(run_id)
                 raise
@@ -336,18 +343,27 @@ class Engine:
                 return token
         return self.leaser.acquire(self.row(run_id))
 
-    def journal(self, row: RunRow, token: int | None) -> Journal:
-        """A journal for one pass through the run, over its history as the store has it now;
-        with ``token`` None, one for a dry replay, which writes nothing."""
-        return self.writer.open(row, self.history(row.run_id), Progress(), token)
+    def journal(self, row: RunRow, token: int | None, history: History | None = None) -> Journal:
+        """A journal for one pass through the run, over its history as the store has it now
+        (or ``history``, when the caller knows it); with ``token`` None, one for a dry replay,
+        which writes nothing."""
+        if history is None:
+            history = self.history(row.run_id)
+        return self.writer.open(row, history, Progress(), token)
 
     def drive_owned(
-        self, row: RunRow, wf: Workflow | None, now_s: float | None, token: int
+        self,
+        row: RunRow,
+        wf: Workflow | None,
+        now_s: float | None,
+        token: int,
+        history: History | None = None,
     ) -> RunState:
-        """Drive a run whose lease this runtime holds with ``token``."""
+        """Drive a run whose lease this runtime holds with ``token`` (over ``history``, when
+        the caller knows it)."""
         if not _drivable(row):
             return self.state(row.run_id)
-        drive = self.drive(row, wf or self.workflow_of(row.workflow), now_s, token)
+        drive = self.drive(row, wf or self.workflow_of(row.workflow), now_s, token, history)
         state = self.state_of(drive, row)
         if state.status == events.CONTINUED and not self.halted:
             return self._drive_next(state)
@@ -363,9 +379,17 @@ class Engine:
         with self.owning(next_id, token=1) as (row, token):
             return self.drive_owned(row, None, None, token)
 
-    def drive(self, row: RunRow, wf: Workflow, now_s: float | None, token: int | None) -> Drive:
-        """One pass through the run (a dry replay with ``token`` None); raises what held it."""
-        journal = self.journal(row, token)
+    def drive(
+        self,
+        row: RunRow,
+        wf: Workflow,
+        now_s: float | None,
+        token: int | None,
+        history: History | None = None,
+    ) -> Drive:
+        """One pass through the run (a dry replay with ``token`` None) over its history as the
+        store has it, or ``history``; raises what held it."""
+        journal = self.journal(row, token, history)
         now = self.clock if now_s is None else (lambda: now_s)
         drive = Drive(
             wf,
