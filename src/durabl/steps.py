@@ -41,15 +41,21 @@ class Step:
     width: ClassVar[int] = 1
     """How many positions of the run's log the step takes (a Parallel: one per branch, more)."""
     canonical: str
-    _fp: str
+    _fp: str | None
+
+    def __new__(cls, *_args: Any, **_kwargs: Any) -> Step:
+        # The fingerprint's cache starts empty here rather than unset: an unset slot would
+        # raise AttributeError on the first read, and every step is fingerprinted once.
+        step = super().__new__(cls)
+        step._fp = None
+        return step
 
     @property
     def fingerprint(self) -> str:
-        try:
-            return self._fp
-        except AttributeError:
-            self._fp = codec.fingerprint(self.canonical)
-            return self._fp
+        fp = self._fp
+        if fp is None:
+            fp = self._fp = codec.fingerprint(self.canonical)
+        return fp
 
     def describe(self) -> str:
         raise NotImplementedError
