@@ -294,6 +294,10 @@ class _PrivateLoop:
 
 
 _PRIVATE = _PrivateLoop()
+
+_NEVER_AWAITABLE = frozenset({dict, list, str, int, float, bool, type(None)})
+"""The types most tools and models return, none of them awaitable: told apart by ``type(...) in``
+before the ABC check of ``inspect.isawaitable``, on every step's result."""
 os.register_at_fork(after_in_child=_PRIVATE.forget)
 
 
@@ -495,7 +499,7 @@ class AsyncRuntime:
         ``streamed_to``: the model call an async client answers (a ``ModelCallContext``, which
         this module does not import: see ``SyncAPI``), whose streamed text is then recorded by
         this thread, not on the loop: its ``record_partial`` is swapped for the call."""
-        if not inspect.isawaitable(value):
+        if type(value) in _NEVER_AWAITABLE or not inspect.isawaitable(value):
             return value
         loop = caller_loop()
         if loop is None:
