@@ -1146,6 +1146,18 @@ class TestStoreContract:
         )
         assert store.load_log("run-1")[-1] == done
         assert store.side_effect("k-2") == effect("k-2", "run-2", step=5)
+        # An effect that failed (its error recorded, no result) goes in whole too, and is
+        # refused whole on a key already taken.
+        failed = replace(effect("k-3", step=3, result=None), error="TypeError: not JSON")
+        gone = event(4, events.STEP_FAILED, step=3, data='"TypeError: not JSON"')
+        with pytest.raises(SideEffectExistsError):
+            store.commit(
+                Commit("run-1", [gone], side_effect=replace(failed, key="taken"), fence=token)
+            )
+        assert store.load_log("run-1")[-1] == done
+        store.commit(Commit("run-1", [gone], side_effect=failed, fence=token))
+        assert store.load_log("run-1")[-1] == gone
+        assert store.side_effect("k-3") == failed
 
     def test_an_eventless_commit_with_a_stale_token_writes_nothing_else_either(
         self, store: Store

@@ -85,7 +85,8 @@ def event_with_effect_insert(
     run_id: str, e: Event, fence: int | None, effect: SideEffect
 ) -> Statement:
     """The statement appending ``e`` and recording ``effect`` together: a finished tool
-    call's commit in one statement instead of a transaction of two."""
+    call's commit in one statement instead of a transaction of two (for an effect without an
+    error, one that binds no None for it)."""
     _, params = event_insert(run_id, e, fence)
     params.update(
         idempotency_key=effect.key,
@@ -97,6 +98,8 @@ def event_with_effect_insert(
         error=effect.error,
         effect_at_s=effect.at_s,
     )
+    if effect.error is None:
+        return "insert_event_with_result", params
     return "insert_event_with_effect", params
 
 

@@ -72,11 +72,12 @@ row's update, whose count tells whether it did."""
 _EFFECT_OWNER = {
     "insert_side_effect": ("run_id", "step"),
     "insert_event_with_effect": ("effect_run_id", "effect_step"),
+    "insert_event_with_result": ("effect_run_id", "effect_step"),
 }
 """Statements that record a side effect, and the parameters naming the effect's run and step:
-a duplicate key in one is the effect's key taken. (The other insert of
-``insert_event_with_effect``, its event's, is refused by the log's gapless trigger before its
-own key could be.)"""
+a duplicate key in one is the effect's key taken. (The other insert of the two
+``insert_event_with_*``, its event's, is refused by the log's gapless trigger before its own
+key could be.)"""
 
 
 def check_durability(durability: str) -> None:

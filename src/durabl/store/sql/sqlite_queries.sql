@@ -73,6 +73,16 @@ VALUES (:run_id, :seq, :kind, :step, :fp, :data, :at_s, :crc, :fence,
         :idempotency_key, :effect_run_id, :effect_step, :tool, :args_fp,
         :result, :error, :effect_at_s);
 
+-- name: insert_event_with_result
+-- insert_event_with_effect of an effect that succeeded, its error NULL in the text: SQLite's
+-- module adapts a bound None through a lookup that fails, on every finished tool call.
+INSERT INTO events_with_effects (run_id, seq, kind, step, fp, data, at_s, crc, fence,
+                                 idempotency_key, effect_run_id, effect_step, tool, args_fp,
+                                 result, error, effect_at_s)
+VALUES (:run_id, :seq, :kind, :step, :fp, :data, :at_s, :crc, :fence,
+        :idempotency_key, :effect_run_id, :effect_step, :tool, :args_fp,
+        :result, NULL, :effect_at_s);
+
 -- name: get_side_effect
 SELECT idempotency_key AS key, run_id, step, tool, args_fp, result AS result_text, error, at_s
 FROM side_effects WHERE idempotency_key = :idempotency_key;
