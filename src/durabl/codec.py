@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import json.scanner
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 try:  # the module hashlib takes blake2b from; hashlib itself also loads OpenSSL (~2 ms)
@@ -55,7 +56,12 @@ def _json(value: Any) -> str:
     return _ENCODER.encode(value)
 
 
-def encode(value: Any, *, what: str = "value") -> str:
+Described = str | Callable[[], str]
+"""What a value is, for the error that refuses it: a text, or a function that makes one (a
+message built on every step for the rare value that fails costs more than the encoding)."""
+
+
+def encode(value: Any, *, what: Described = "value") -> str:
     """Return the canonical JSON text of ``value`` or raise ``EncodingError`` naming ``what``."""
     try:
         try:
@@ -68,7 +74,9 @@ def encode(value: Any, *, what: str = "value") -> str:
             text.encode()  # a lone surrogate has no UTF-8 form and could not be stored
         return text
     except (TypeError, ValueError, RecursionError) as exc:
-        raise EncodingError(what=what, reason=str(exc)) from None
+        raise EncodingError(
+            what=what if isinstance(what, str) else what(), reason=str(exc)
+        ) from None
 
 
 def _check_keys(value: Any) -> None:
@@ -131,7 +139,7 @@ def unpair(text: str) -> tuple[str, str]:
     return text[1:end], text[end + 1 : -1]
 
 
-def round_trip(value: Any, *, what: str = "value") -> tuple[str, Any]:
+def round_trip(value: Any, *, what: Described = "value") -> tuple[str, Any]:
     """Encode ``value`` and decode it again; returns (text, the value as replay will see it)."""
     text = encode(value, what=what)
     return text, decode(text)

@@ -273,7 +273,7 @@ class Drive:
             raise Hold(exc) from None
         try:
             text, self.result = codec.round_trip(
-                value, what=f"the result of workflow {self.wf.name!r} (run {self.run_id})"
+                value, what=lambda: f"the result of workflow {self.wf.name!r} (run {self.run_id})"
             )
         except EncodingError as exc:
             self._fail(exc)

@@ -155,7 +155,9 @@ class Engine:
         run's budget: a ``Budget`` given to it (charged to it), or one it carries on from the
         run that started it (charged where that one's is)."""
         wf = self.workflow_of(target)
-        input_text, value = codec.round_trip(run_input, what=f"input of workflow {wf.name!r}")
+        input_text, value = codec.round_trip(
+            run_input, what=lambda: f"input of workflow {wf.name!r}"
+        )
         wf.bind(value)
         if run_id is None:
             run_id = new_run_id()

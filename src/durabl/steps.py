@@ -133,7 +133,7 @@ class ToolCall(Step):
                 f"{DERIVED_KEY_PREFIX!r}, which durabl reserves for the keys it derives itself"
             )
         self.name = name
-        self.args_text = codec.encode(args, what=f"ToolCall({name!r}) args")
+        self.args_text = codec.encode(args, what=lambda: f"ToolCall({name!r}) args")
         self.idempotency_key = idempotency_key
         key_text = "null" if idempotency_key is None else _json_str(idempotency_key)
         self.canonical = f'["tool",{_json_str(name)},{self.args_text},{key_text}]'

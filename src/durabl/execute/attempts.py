@@ -165,7 +165,9 @@ def _complete(call: StepCall, spec: AttemptSpec, value: Any, attempt: int, openi
     try:
         text, value = codec.round_trip(
             value,
-            what=f"the result of {call.step.describe()} (run {call.run_id} step {call.position})",
+            what=lambda: (
+                f"the result of {call.step.describe()} (run {call.run_id} step {call.position})"
+            ),
         )
     except EncodingError as exc:
         err = spec.failure(spec.name, "EncodingError", str(exc), attempt)
