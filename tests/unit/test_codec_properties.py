@@ -160,6 +160,20 @@ def test_round_trip_refuses_what_encode_refuses() -> None:
         codec.round_trip({"xs": {1, 2}}, what="input of workflow 'agent'")
 
 
+def test_what_may_be_described_by_a_function_called_only_on_refusal() -> None:
+    described: list[str] = []
+
+    def what() -> str:
+        described.append("called")
+        return "the result of ToolCall('search') (run r-1 step 3)"
+
+    assert codec.round_trip({"ok": [1, 2]}, what=what) == ('{"ok":[1,2]}', {"ok": [1, 2]})
+    assert described == []
+    with pytest.raises(EncodingError, match=r"ToolCall\('search'\) \(run r-1 step 3\)"):
+        codec.encode({"xs": {1, 2}}, what=what)
+    assert described == ["called"]
+
+
 def test_a_self_referencing_value_is_refused() -> None:
     loop: list[Any] = []
     loop.append(loop)
