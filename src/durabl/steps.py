@@ -42,13 +42,8 @@ class Step:
     """How many positions of the run's log the step takes (a Parallel: one per branch, more)."""
     canonical: str
     _fp: str | None
-
-    def __new__(cls, *_args: Any, **_kwargs: Any) -> Step:
-        # The fingerprint's cache starts empty here rather than unset: an unset slot would
-        # raise AttributeError on the first read, and every step is fingerprinted once.
-        step = super().__new__(cls)
-        step._fp = None
-        return step
+    """The fingerprint, once read: each kind's ``__init__`` sets it to None beside
+    ``canonical`` (an unset slot would raise AttributeError on the first read)."""
 
     @property
     def fingerprint(self) -> str:
@@ -88,6 +83,7 @@ class ModelCall(Step):
     def __init__(self, prompt: Any, **params: Any) -> None:
         self.prompt_text = codec.encode(prompt, what="ModelCall prompt")
         self.params_text = codec.encode(params, what="ModelCall params")
+        self._fp = None
         self.canonical = f'["model",{self.prompt_text},{self.params_text}]'
 
     @property
@@ -136,6 +132,7 @@ class ToolCall(Step):
         self.args_text = codec.encode(args, what=lambda: f"ToolCall({name!r}) args")
         self.idempotency_key = idempotency_key
         key_text = "null" if idempotency_key is None else _json_str(idempotency_key)
+        self._fp = None
         self.canonical = f'["tool",{_json_str(name)},{self.args_text},{key_text}]'
 
     @property
@@ -179,6 +176,7 @@ class Sleep(Step):
                 f"Sleep duration of {total!r} s is longer than a century; check the unit"
             )
         self.seconds = total
+        self._fp = None
         self.canonical = f'["sleep",{json.dumps(total)}]'
 
     def describe(self) -> str:
@@ -228,6 +226,7 @@ class WaitSignal(Step):
             seconds = float(seconds)
         self.name = name
         self.timeout_s = seconds
+        self._fp = None
         self.canonical = f'["signal",{codec.encode_str(name)},{json.dumps(seconds)}]'
 
     def describe(self) -> str:
@@ -295,6 +294,7 @@ class Parallel(Step):
         self.max_concurrency = max_concurrency
         self.fail_fast = fail_fast
         inner = ",".join(branch.canonical for branch in branches)
+        self._fp = None
         self.canonical = f'["parallel",[{inner}],{json.dumps(fail_fast)}]'
 
     @property
@@ -356,6 +356,7 @@ class ChildRun(Step):
             raise BadStepError(str(exc)) from None
         self.workflow = name
         self.run_id = run_id
+        self._fp = None
         self.canonical = (
             f'["child",{codec.encode_str(name)},{self.input_text},{json.dumps(run_id)}]'
         )
@@ -380,6 +381,7 @@ class ContinueAsNew(Step):
             self.input_text = codec.encode(input, what="the input of ContinueAsNew")
         except TypeError as exc:
             raise BadStepError(str(exc)) from None
+        self._fp = None
         self.canonical = f'["continue",{self.input_text}]'
 
     def describe(self) -> str:
@@ -394,6 +396,7 @@ class CtxValue(Step):
 
     def __init__(self, what: str) -> None:
         self.what = what
+        self._fp = None
         self.canonical = f'["ctx","{what}"]'
 
     def describe(self) -> str:
@@ -411,6 +414,7 @@ class PatchMarker(CtxValue):
     def __init__(self, patch_id: str) -> None:
         self.what = "patched"
         self.patch_id = patch_id
+        self._fp = None
         self.canonical = f'["patch",{codec.encode_str(patch_id)}]'
 
     def describe(self) -> str:
