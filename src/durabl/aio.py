@@ -294,11 +294,11 @@ class _PrivateLoop:
 
 
 _PRIVATE = _PrivateLoop()
+os.register_at_fork(after_in_child=_PRIVATE.forget)
 
 _NEVER_AWAITABLE = frozenset({dict, list, str, int, float, bool, type(None)})
 """The types most tools and models return, none of them awaitable: told apart by ``type(...) in``
 before the ABC check of ``inspect.isawaitable``, on every step's result."""
-os.register_at_fork(after_in_child=_PRIVATE.forget)
 
 
 # -- async workflows -------------------------------------------------------------------------
