@@ -27,7 +27,13 @@ from durabl.errors import RunDrivenElsewhere, RunDrivenHere, RunTakenOver
 from durabl.store.base import Lease, RunRow, Store
 
 LEASE_S = 15.0
-"""Default lease length. A heartbeat renews held leases every third of it."""
+"""Default lease length. A heartbeat renews held leases every third of it, or every
+``RENEW_MAX_S``, whichever is sooner."""
+
+RENEW_MAX_S = 5.0
+"""The longest a heartbeat waits between renewals, however long the lease: after a restart of a
+PostgreSQL server, a renewal is how an owner waiting on a long call shows it is alive again
+(``durabl.store.postgres.RESTART_GRACE_S``)."""
 
 HOST = os.uname().nodename
 """This machine's name, as gethostname(2) reports it (read without importing socket)."""
@@ -133,6 +139,11 @@ class Leaser:
         self._beat_ended = threading.Event()
         self._stop = threading.Event()
 
+    @property
+    def renew_every_s(self) -> float:
+        """How long the heartbeat waits between two renewals of the held leases."""
+        return min(self.lease_s / 3, RENEW_MAX_S)
+
     def lease(self) -> Lease:
         """A fresh lease for this runtime, expiring ``lease_s`` from now."""
         return Lease(
@@ -203,7 +214,7 @@ class Leaser:
             self._heartbeat = _thread.start_new_thread(self._beat, ())
 
     def _beat(self) -> None:
-        """Renew every held lease each third of its length. No fsync: a renewal lost to a power
+        """Renew every held lease each third of its length (see ``RENEW_MAX_S``). No fsync: a renewal lost to a power
         cut only makes a lease expire sooner, which costs a takeover, never a duplicate."""
         try:
             self._renew_until_stopped()
@@ -211,7 +222,7 @@ class Leaser:
             self._beat_ended.set()
 
     def _renew_until_stopped(self) -> None:
-        while not self._stop.wait(self.lease_s / 3):
+        while not self._stop.wait(self.renew_every_s):
             with self._lock:
                 held = dict(self.held)
             for run_id, token in held.items():

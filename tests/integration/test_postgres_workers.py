@@ -9,6 +9,9 @@
   run completes, no tool is called twice for one key (no process died, so a second call could
   only come from an acknowledged commit that was lost or a commit made twice), every log is
   gapless, and the workers said that they reconnected.
+- A worker stopped (SIGSTOP) across such a restart has no session while the other is back and
+  claiming: it keeps its runs all the same, since a young server's missing sessions prove
+  nothing, and no call it was inside is made again.
 
 Workflows and tools live in ``worker_agents.py``.
 """
@@ -16,6 +19,8 @@ Workflows and tools live in ``worker_agents.py``.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import threading
 import time
@@ -40,13 +45,18 @@ def url(postgres_db: Callable[[], str]) -> str:
     return postgres_db()
 
 
-def settled(url: str, run_ids: list[str]) -> bool:
+def completed(url: str, run_ids: list[str]) -> int:
+    """How many of ``run_ids`` have completed."""
     store = open_store(url, read_only=True)
     try:
         found = {row.run_id: row.status for row in store.list_runs()}
     finally:
         store.close()
-    return all(found.get(run_id) == "COMPLETED" for run_id in run_ids)
+    return sum(found.get(run_id) == "COMPLETED" for run_id in run_ids)
+
+
+def settled(url: str, run_ids: list[str]) -> bool:
+    return completed(url, run_ids) == len(run_ids)
 
 
 def check_every_log(url: str, run_ids: list[str]) -> set[int]:
@@ -178,6 +188,41 @@ def test_a_server_crash_and_restart_while_workers_run(tmp_path: Path, url: str) 
     check_every_log(url, run_ids)
     assert "lost the connection to" in errors
     assert "reconnected to" in errors
+
+
+@pytest.mark.alone  # the restart cuts every other test's sessions on the server too
+def test_a_worker_slow_to_come_back_after_a_restart_keeps_its_runs(
+    tmp_path: Path, url: str
+) -> None:
+    env = env_for(tmp_path, DURABL_TEST_STEP_S="0.05")
+    with processes() as procs:
+        slow, quick = start_workers(procs, env, url, 2)
+        run_ids = submit(url, 12, steps=8)
+        time.sleep(0.5)
+        slow_runs = held_by(url, slow.pid)
+        assert slow_runs, "the slow worker held no run: the test proved nothing"
+        os.kill(slow.pid, signal.SIGSTOP)
+        try:
+            pg_support.restart_server()
+            # The quick worker is back and claiming while the slow one has no session at all.
+            wait_until("the quick worker to finish runs", lambda: completed(url, run_ids) > 4, 30)
+            time.sleep(1.0)
+        finally:
+            os.kill(slow.pid, signal.SIGCONT)
+        wait_until("the workers to complete every run", lambda: settled(url, run_ids), 90)
+        stop([slow, quick])
+
+    each_effect_once(tmp_path, run_ids, steps=8)
+    check_every_log(url, run_ids)
+
+
+def held_by(url: str, pid: int) -> list[str]:
+    store = open_store(url, read_only=True)
+    try:
+        rows = store.list_runs(statuses=("RUNNING",))
+    finally:
+        store.close()
+    return [row.run_id for row in rows if row.lease is not None and row.lease.pid == pid]
 
 
 def test_a_takeover_does_not_wait_on_an_owner_frozen_inside_its_commit(url: str) -> None:

@@ -21,6 +21,11 @@ commit of events is found by its run and seqs and compared by checksum, a lease 
 token and owner, a run created by its owner and start time. So a retry neither loses an
 acknowledged write nor makes a second one. The other writes set values outright, and doing them
 twice is doing them once.
+
+A server that crashes can come back without the bookkeeping commits it had acknowledged but
+not yet flushed (``durability="full"``); the store writes those again before anything else
+(``durabl.store.unflushed``). And for a while after the server starts, a lease's holder that
+has no session on it is not taken for dead: the restart ended every session.
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ from durabl.store.base import (
 from durabl.store.records import NO_LEASE, parameters_of, run_row
 from durabl.store.schema import load_migrations, load_queries
 from durabl.store.sqlite import INSERT_BATCH, check_durability
+from durabl.store.unflushed import Unflushed
 
 __all__ = ["MIGRATIONS", "PQ", "SCHEMA_VERSION", "PostgresStore", "server_name"]
 
@@ -85,6 +91,12 @@ MIGRATION_LOCK = 0x64726231
 
 RECONNECT_S = 60.0
 """How long a call keeps trying to reach a lost server before it gives up."""
+
+RESTART_GRACE_S = 15.0
+"""For this long after the server starts, a lease's holder with no session on the server is not
+taken for dead, and its runs wait for the lease to expire: a restart ends every session, and a
+live holder opens one again at its next write, a lease renewal at the latest, which comes at
+least every ``durabl.leases.RENEW_MAX_S``."""
 
 TAKEOVER_WAIT_MS = 2000
 """How long taking a lease waits for the run's row before it counts as held elsewhere."""
@@ -198,12 +210,17 @@ class PostgresStore:
         self._clock_offset_s = 0.0
         with self._connection_once() as conn:
             self._prepare(conn)
-            self._clock_offset_s = self._measure_clock(conn)
+            self._clock_offset_s, self._server_started, flush_ms = self._meet(conn)
+        self._unflushed = Unflushed(flushed_within_s=3 * flush_ms / 1000 + 1.0)
+        self._restarted = False
+        """Set when a new connection finds the server started since the last one did."""
+        self._redo_lock = threading.Lock()
         self._pool = ConnectionPool(
             url,
             min_size=1,
             max_size=pool_size,
             kwargs=self._connect_kwargs(),
+            configure=self._on_connect,
             open=False,
             name=f"durabl {self.path}",
         )
@@ -285,11 +302,50 @@ class PostgresStore:
             raise ForeignSchemaError(path=self.path, tables=list(tables))
         return int(found[0])
 
-    def _measure_clock(self, conn: psycopg.Connection[Any]) -> float:
+    def _meet(self, conn: psycopg.Connection[Any]) -> tuple[float, Any, int]:
+        """The server's clock's offset from this host's, when the server started, and how
+        often its WAL writer flushes by itself (ms)."""
         before = time.time()
-        row = conn.execute(PQ["clock"]).fetchone()
+        found = conn.execute(PQ["clock"]).fetchone()
         after = time.time()
-        return float(row[0]) - (before + after) / 2 if row else 0.0
+        assert found is not None
+        return float(found[0]) - (before + after) / 2, found[1], int(found[2])
+
+    def _on_connect(self, conn: psycopg.Connection[Any]) -> None:
+        """Each new pooled connection: has the server restarted since the last one?"""
+        found = conn.execute(PQ["server_started"]).fetchone()
+        started = found[0] if found else None
+        if started != self._server_started:
+            self._server_started = started
+            self._restarted = True
+
+    def _redo_lost(self, conn: psycopg.Connection[Any]) -> None:
+        """After a restart of the server, before anything else: write again what it had
+        acknowledged but may not have flushed, in the order it was written. A write refused
+        now (another owner took the run meanwhile) stays undone; its owner learns of it at
+        its next write, as after any takeover."""
+        with self._redo_lock:
+            if not self._restarted:
+                return
+            pending = self._unflushed.pending()
+            refused = 0
+            for write in pending:
+                try:
+                    self._once(conn, write.work, _Attempt(), True, True, False, False, write.landed)
+                except psycopg.Error as exc:
+                    if _lost(exc):
+                        raise  # down again: the next try starts over
+                    refused += 1
+                except DurablError:
+                    refused += 1
+            self._unflushed.done(pending)
+            self._restarted = False
+        logger.warning(
+            "durabl: %s restarted; wrote again the %d commit(s) it may have lost (%d refused)",
+            self.path,
+            len(pending) - refused,
+            refused,
+        )
 
     def clock(self) -> float:
         """The database server's clock, epoch seconds: this host's clock corrected by the
@@ -323,13 +379,16 @@ class PostgresStore:
         landed: Callable[[psycopg.Connection[Any]], tuple[bool, T]] | None = None,
         snapshot: bool = False,
         pipelined: bool = False,
+        remember: bool = True,
     ) -> T:
         """Run ``work`` in one transaction, on a pooled connection, retried across lost
         connections (see the module docstring). ``landed`` tells, after a write's COMMIT went
         unanswered, whether it committed, and its answer if it did. ``pipelined``: ``work``
         only sends statements and needs none of their answers, so BEGIN, its statements and
         COMMIT go to the server together, in one round trip; the first refusal among them is
-        raised, and the transaction is rolled back."""
+        raised, and the transaction is rolled back. A write that does not wait for the WAL
+        flush is kept to be written again if the server crashes before it is flushed, unless
+        ``remember`` is False (its caller keeps what to redo itself)."""
         lost_at: float | None = None
         unsure = False
         delay_s = 0.05
@@ -337,8 +396,11 @@ class PostgresStore:
             if self._closed:
                 raise StoreClosedError(path=self.path)
             attempt = _Attempt()
+            begun_s = time.monotonic()
             try:
                 with self._pool.connection(timeout=max(1.0, self.reconnect_s)) as conn:
+                    if self._restarted:
+                        self._redo_lost(conn)
                     value = self._once(
                         conn,
                         work,
@@ -376,6 +438,11 @@ class PostgresStore:
                 logger.warning(
                     "durabl: reconnected to %s after %.1f s", self.path, time.monotonic() - lost_at
                 )
+            if write and self.durability == "full" and remember:
+                if durable:
+                    self._unflushed.flushed(before_s=begun_s)
+                else:
+                    self._unflushed.remember(work, landed, server_up=not self._restarted)
             return value
 
     def _once(
@@ -677,6 +744,17 @@ class PostgresStore:
         return None if found is None or found[0] is None else float(found[0])
 
     def take_lease(self, run_id: str, seen_token: int, lease: Lease) -> int | None:
+        work, landed = self._taking(run_id, seen_token, lease)
+        return self._do(work, write=True, landed=landed)
+
+    def _taking(
+        self, run_id: str, seen_token: int, lease: Lease
+    ) -> tuple[
+        Callable[[psycopg.Connection[Any]], int | None],
+        Callable[[psycopg.Connection[Any]], tuple[bool, int | None]],
+    ]:
+        """Taking ``run_id``'s lease from token ``seen_token``: the write, and how to tell
+        whether it landed."""
         taking = parameters_of(lease, run_id=run_id, lease_token=seen_token)
 
         def work(conn: psycopg.Connection[Any]) -> int | None:
@@ -698,12 +776,12 @@ class PostgresStore:
             mine = row.lease is not None and row.lease.owner == lease.owner
             return True, seen_token + 1 if mine and row.lease_token == seen_token + 1 else None
 
-        return self._do(work, write=True, landed=landed)
+        return work, landed
 
     def claim_runs(self, lease: Lease, now_s: float, limit: int) -> list[tuple[str, int]]:
         """Take the leases of up to ``limit`` RUNNING runs that nobody holds (no lease, or an
         expired one), skipping rows another claim has locked: (run id, new token) each."""
-        claiming = parameters_of(lease, now_s=now_s, limit=limit)
+        claiming = parameters_of(lease, now_s=now_s, limit=limit, grace_s=RESTART_GRACE_S)
 
         def work(conn: psycopg.Connection[Any]) -> list[tuple[str, int]]:
             return [(r[0], int(r[1])) for r in conn.execute(PQ["claim_runs"], claiming)]
@@ -711,14 +789,19 @@ class PostgresStore:
         def landed(conn: psycopg.Connection[Any]) -> tuple[bool, list[tuple[str, int]]]:
             return True, []  # what landed is leased to this owner; the leases expire unused
 
-        return self._do(work, write=True, landed=landed)
+        claimed = self._do(work, write=True, landed=landed, remember=False)
+        if self.durability == "full":  # to redo, each run's lease taken as this claim took it
+            for run_id, token in claimed:
+                take, took = self._taking(run_id, token - 1, lease)
+                self._unflushed.remember(take, took, server_up=not self._restarted)
+        return claimed
 
     def owner_alive(self, host: str, pid: int) -> bool:
         """Whether process ``pid`` on ``host`` still has a session open on the server. A
         process that dies, killed or crashed, loses its sessions with it, so its leases need
         not run out before another host takes its runs; a host cut off from the network keeps
         them until the server notices, and then its leases run out as leases do."""
-        name = {"name": session_name(host, pid)}
+        name = {"name": session_name(host, pid), "grace_s": RESTART_GRACE_S}
         found = self._do(lambda conn: conn.execute(PQ["owner_alive"], name).fetchone())
         return bool(found and found[0])
 

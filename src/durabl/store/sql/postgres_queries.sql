@@ -113,16 +113,20 @@ WHERE run_id = %(run_id)s AND lease_token = %(lease_token)s;
 -- Workers on several hosts claiming RUNNING runs nobody holds at once (no lease, an expired one,
 -- or one whose process has no session left on the server): each row locked by one claim is
 -- skipped by the others, so they divide the runs between them instead of racing for the same
--- ones. The lease is taken in the same statement (the token grows by one).
+-- ones. The lease is taken in the same statement (the token grows by one). A missing session
+-- proves nothing while the server is young: its restart ended every session, and a live owner's
+-- come back only at its next write.
 UPDATE durabl.runs SET lease_owner = %(lease_owner)s, lease_pid = %(lease_pid)s,
                        lease_host = %(lease_host)s, lease_started = %(lease_started)s,
                        lease_expires_s = %(lease_expires_s)s, lease_token = lease_token + 1
 WHERE run_id IN (
     SELECT run_id FROM durabl.runs
     WHERE status = 'RUNNING'
-      AND (lease_owner IS NULL OR lease_expires_s <= %(now_s)s OR NOT EXISTS (
-          SELECT 1 FROM pg_stat_activity
-          WHERE application_name = 'durabl:' || lease_host || ':' || lease_pid))
+      AND (lease_owner IS NULL OR lease_expires_s <= %(now_s)s OR (
+          pg_postmaster_start_time() < clock_timestamp() - make_interval(secs => %(grace_s)s)
+          AND NOT EXISTS (
+              SELECT 1 FROM pg_stat_activity
+              WHERE application_name = 'durabl:' || lease_host || ':' || lease_pid)))
     ORDER BY created_s
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -152,11 +156,19 @@ FROM durabl.runs LEFT JOIN durabl.snapshots USING (run_id) WHERE run_id = %(run_
 
 -- name: owner_alive
 -- Whether the process that holds a lease still has a session open on this server: every store
--- names its sessions 'durabl:<host>:<pid>', and a killed process's sessions end with it.
-SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = %(name)s);
+-- names its sessions 'durabl:<host>:<pid>', and a killed process's sessions end with it. While
+-- the server is young (see claim_runs), every owner counts as alive.
+SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = %(name)s)
+    OR pg_postmaster_start_time() >= clock_timestamp() - make_interval(secs => %(grace_s)s);
 
 -- name: clock
-SELECT EXTRACT(EPOCH FROM clock_timestamp())::double precision;
+-- The server's clock, when it started, and how often its WAL writer flushes by itself (ms).
+SELECT EXTRACT(EPOCH FROM clock_timestamp())::double precision,
+       pg_postmaster_start_time(),
+       (SELECT setting::int FROM pg_settings WHERE name = 'wal_writer_delay');
+
+-- name: server_started
+SELECT pg_postmaster_start_time();
 
 -- name: identity
 -- What the database's durabl schema is: whether it exists, its tables, and its meta row.
