@@ -114,12 +114,19 @@ def claimer_lease() -> Lease:
     )
 
 
-def test_a_holder_with_no_session_on_the_server_loses_its_runs_at_once(url: str) -> None:
+def server_up_s(url: str) -> float:
     with pg_support.connect(url) as conn:
         (up_s,) = conn.execute(
             "SELECT EXTRACT(EPOCH FROM clock_timestamp() - pg_postmaster_start_time())"
         ).fetchone()
-    assert up_s > RESTART_GRACE_S, "the server has only just started: this proves nothing yet"
+    return float(up_s)
+
+
+def test_a_holder_with_no_session_on_the_server_loses_its_runs_at_once(url: str) -> None:
+    young_for_s = RESTART_GRACE_S + 0.5 - server_up_s(url)
+    if young_for_s > 0:  # `make test` may have started the server just now
+        time.sleep(young_for_s)
+    assert server_up_s(url) > RESTART_GRACE_S, "the server is young: this would prove nothing"
     store = PostgresStore(url)
     try:
         held_elsewhere(store, "far-run")
