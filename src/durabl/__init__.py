@@ -5,6 +5,8 @@ step to a log, rebuilds state after a crash by replaying the workflow against th
 commits each tool's effect record together with its completion in one transaction.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from durabl.aio import Return
 from durabl.crashpoints import ProcessDeath
 from durabl.errors import (
@@ -29,7 +31,6 @@ from durabl.errors import (
     UnknownToolError,
     UnknownWorkflowError,
 )
-from durabl.ledger import Budget
 from durabl.runtime import DeadLetter, RunState, Runtime
 from durabl.steps import (
     TIMED_OUT,
@@ -46,6 +47,20 @@ from durabl.tools import RetryPolicy, Tool, ToolMode, tool
 from durabl.workflow import Workflow, workflow
 
 __version__ = "0.2.0.dev0"
+
+if TYPE_CHECKING:
+    from durabl.ledger import Budget
+
+
+def __getattr__(name: str) -> Any:
+    """``durabl.Budget``, imported on first use: a run without a budget never needs
+    ``durabl.ledger``."""
+    if name == "Budget":
+        from durabl.ledger import Budget
+
+        return Budget
+    raise AttributeError(f"module 'durabl' has no attribute {name!r}")
+
 
 __all__ = [
     "TIMED_OUT",

@@ -177,7 +177,9 @@ class Drive:
 
     def _step(self, step: Step) -> Any:
         """Serve the step from the log, throw its recorded failure, or execute it."""
-        self._past_patches()
+        rec = self.history.steps.get(self.progress.position)
+        if rec is not None and rec.canonical is None:  # maybe a marker: _past_patches, inline
+            self._past_patches()
         try:
             action, rec = self.decide(self.history, self.progress.position, step)
         except NonDeterminismError as exc:

@@ -13,7 +13,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from durabl import codec, crashpoints, events, execute, leases
 from durabl import workflow as workflows
@@ -23,13 +23,15 @@ from durabl.errors import RunConflictError, RunLeased
 from durabl.events import Event
 from durabl.execute import Services, StepCall
 from durabl.journal import Journal, Writer
-from durabl.ledger import Budget
 from durabl.replay import History, StepRecord
 from durabl.states import Progress, RunState
 from durabl.steps import Step
 from durabl.store.base import RunRow, Store
 from durabl.store.reads import require_run
 from durabl.workflow import Workflow
+
+if TYPE_CHECKING:
+    from durabl.ledger import Budget
 
 
 def new_run_id() -> str:
@@ -164,10 +166,10 @@ class Engine:
         else:
             check_text("run_id", run_id)
         now_s = self.clock()
-        if isinstance(budget, Budget):
-            boundary = {**boundary, "budget": budget.record(run_id)}
-        elif budget is not None:
+        if isinstance(budget, dict):  # carried on from the run that started this one
             boundary = {**boundary, "budget": budget}
+        elif budget is not None:
+            boundary = {**boundary, "budget": budget.record(run_id)}
         started = codec.encode({"workflow": wf.name, "input": value, **boundary})
         row = RunRow(
             run_id=run_id,

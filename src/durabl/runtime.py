@@ -31,7 +31,6 @@ from durabl.engine import Engine, new_run_id
 from durabl.errors import DeadLetteredError, RunEndedError, RunFailedError, RunNotFinishedError
 from durabl.execute import Services
 from durabl.journal import Journal, Writer
-from durabl.ledger import Budget, Spend
 from durabl.modelcall import Chunk
 from durabl.prices import Price, price_table
 from durabl.replay import History, StepRecord
@@ -44,6 +43,7 @@ from durabl.workflow import build_registry as build_workflow_registry
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
+    from durabl.ledger import Budget, Spend
     from durabl.metrics import Metrics
     from durabl.upkeep import Compaction, RunCheck
     from durabl.worker import Worker, WorkerStats
@@ -85,13 +85,16 @@ class Runtime(AsyncRuntime):
         if retry is not None:
             check_type("retry", retry, RetryPolicy)
         if budget is not None:
-            check_type("budget", budget, Budget)
+            _check_budget(budget)
         if on_chunk is not None and not callable(on_chunk):
             raise TypeError(f"on_chunk must be a callable on_chunk(chunk), got {on_chunk!r}")
         if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1:
             raise ValueError(
                 f"parallelism must be a whole number of 1 or more, got {parallelism!r}"
             )
+        # The replay decision, bound once: the core's own function unless a subclass overrides
+        # the seam (a frame less on every step served).
+        decide = self.decide if type(self).decide is not Runtime.decide else replay.decide
         registered_tools = build_registry(tools)
         registered_workflows = build_workflow_registry(workflows)
         self._retry = retry or RetryPolicy()
@@ -120,7 +123,7 @@ class Runtime(AsyncRuntime):
             self._retry,
             self._policy,
             self.call_tool,
-            decide=self.decide,
+            decide=decide,
             pool=self._branch_pool,
             stopping=lambda: self._engine.halted,
             call_model=self.call_model,
@@ -133,7 +136,7 @@ class Runtime(AsyncRuntime):
             leaser=self._leaser,
             workflows=registered_workflows,
             services=services,
-            decide=self.decide,
+            decide=decide,
             clock=self._clock,
             budget=budget,
         )
@@ -256,7 +259,7 @@ class Runtime(AsyncRuntime):
         submitted runs between them. Submitting again with the same run id, workflow and input
         is the same submission; with a different workflow or input it is an error."""
         if budget is not None:
-            check_type("budget", budget, Budget)
+            _check_budget(budget)
         return self._engine.submit(workflow, input, run_id, self._boundary, budget)
 
     def run(
@@ -269,7 +272,7 @@ class Runtime(AsyncRuntime):
     ) -> RunState:
         """``start``, and return the state the run reached."""
         if budget is not None:
-            check_type("budget", budget, Budget)
+            _check_budget(budget)
         return self._engine.start(workflow, input, run_id, self._boundary, budget)
 
     def signal(self, run_id: str, name: str, payload: Any = None) -> int:
@@ -418,3 +421,11 @@ class Runtime(AsyncRuntime):
 
 
 __all__ = ["DeadLetter", "RunState", "Runtime"]
+
+
+def _check_budget(budget: Any) -> None:
+    """TypeError unless ``budget`` is a ``Budget``; ``durabl.ledger`` is imported by the
+    first run that has one, not by ``import durabl``."""
+    from durabl.ledger import Budget
+
+    check_type("budget", budget, Budget)

@@ -7,9 +7,10 @@ the function that executes it; a new step kind is a new module and one entry in 
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from durabl.execute import child, continuation, ctx, model, parallel, signal, timer, tool
+from durabl.execute import ctx, model, tool
 from durabl.execute.base import Executor, Services, StepCall
 from durabl.steps import (
     ChildRun,
@@ -24,14 +25,27 @@ from durabl.steps import (
     WaitSignal,
 )
 
+
+def _on_first_use(kind: type[Step], module: str) -> Executor:
+    """The executor of ``kind``, imported from ``module`` the first time a run takes such a
+    step: ``import durabl`` loads only the executors of the steps nearly every run takes."""
+
+    def first(call: StepCall) -> Any:
+        executor: Executor = importlib.import_module(f"durabl.execute.{module}").execute
+        EXECUTORS[kind] = executor
+        return executor(call)
+
+    return first
+
+
 EXECUTORS: dict[type[Step], Executor] = {
     ModelCall: model.execute,
     ToolCall: tool.execute,
-    Sleep: timer.execute,
-    WaitSignal: signal.execute,
-    Parallel: parallel.execute,
-    ChildRun: child.execute,
-    ContinueAsNew: continuation.execute,
+    Sleep: _on_first_use(Sleep, "timer"),
+    WaitSignal: _on_first_use(WaitSignal, "signal"),
+    Parallel: _on_first_use(Parallel, "parallel"),
+    ChildRun: _on_first_use(ChildRun, "child"),
+    ContinueAsNew: _on_first_use(ContinueAsNew, "continuation"),
     CtxValue: ctx.execute,
     PatchMarker: ctx.execute,  # recorded as a ctx value whose value is the patch id
 }
