@@ -26,8 +26,7 @@ from durabl.journal import Journal, Writer
 from durabl.replay import History, StepRecord
 from durabl.states import Progress, RunState
 from durabl.steps import Step
-from durabl.store.base import RunRow, Store
-from durabl.store.reads import require_run
+from durabl.store.base import RunRow, Store, require_run
 from durabl.workflow import Workflow
 
 if TYPE_CHECKING:

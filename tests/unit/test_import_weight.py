@@ -1,9 +1,10 @@
 """`import durabl` pulls in nothing the first Runtime.start does not need: no network stack, no
 command line, no dashboard, no benchmark, no validation library, no model client adapters, and
 none of the runtime's parts that only other calls use (the operator, the metrics, the
-long-running worker, the uuid module behind ``ctx.uuid()``, the budget ledger, and the executors
-of the steps only some runs take: timers, signals, parallel branches, child runs, continuations).
-Each is imported when first used, and then works as if imported at the start."""
+long-running worker, the uuid module behind ``ctx.uuid()``, the budget ledger, the reads that
+only the command line and the dashboard make, and the executors of the steps only some runs
+take: timers, signals, parallel branches, child runs, continuations). Each is imported when
+first used, and then works as if imported at the start."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ NOT_NEEDED = (
     "durabl.operator", "durabl.metrics", "durabl.worker",
     "uuid", "platform", "durabl.llm", "durabl.llm.schemas", "durabl.llm.openai", "durabl.upkeep",
     "durabl.ledger", "durabl.execute.timer", "durabl.execute.signal", "durabl.execute.parallel",
-    "durabl.execute.child", "durabl.execute.continuation",
+    "durabl.execute.child", "durabl.execute.continuation", "durabl.store.reads",
 )  # fmt: skip
 
 

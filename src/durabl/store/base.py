@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Protocol
 
+from durabl.errors import RunNotFoundError
 from durabl.events import Event
 
 UNCHANGED: float = float("-inf")
@@ -236,3 +237,12 @@ class Store(Protocol):
 
     def close(self) -> None:
         """Release the database. Idempotent."""
+
+
+def require_run(store: Store, run_id: str) -> RunRow:
+    """The run's row; ``RunNotFoundError`` naming the run and the database when there is none.
+    (Here, beside the protocol, so that the runtime finds it without ``store.reads``.)"""
+    row = store.get_run(run_id)
+    if row is None:
+        raise RunNotFoundError(run_id=run_id, path=store.path)
+    return row

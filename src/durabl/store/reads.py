@@ -12,21 +12,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from durabl import codec, events
-from durabl.errors import RunNotFoundError
 from durabl.events import Event
 from durabl.replay import read_snapshot
 from durabl.steps import child_run_id
-from durabl.store.base import RunRow, Store
+from durabl.store.base import RunRow, Store, require_run
 
 _SIGNAL, _CHILD = '["signal"', '["child"'
 
-
-def require_run(store: Store, run_id: str) -> RunRow:
-    """The run's row; ``RunNotFoundError`` naming the run and the database when there is none."""
-    row = store.get_run(run_id)
-    if row is None:
-        raise RunNotFoundError(run_id=run_id, path=store.path)
-    return row
+__all__ = ["Lineage", "continued_as", "lineage", "links", "require_run", "waiting_for"]
 
 
 def waiting_for(store: Store, row: RunRow) -> dict[str, Any] | None:
