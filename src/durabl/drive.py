@@ -169,7 +169,7 @@ class Drive:
         steps = self.history.steps
         while (
             (rec := steps.get(self.progress.position)) is not None
-            and rec.canonical is None  # a marker records no canonical text
+            and rec.has_no_canonical  # a marker records no canonical text
             and replay.is_patch(rec)
         ):
             self.progress.position += 1
@@ -178,7 +178,7 @@ class Drive:
     def _step(self, step: Step) -> Any:
         """Serve the step from the log, throw its recorded failure, or execute it."""
         rec = self.history.steps.get(self.progress.position)
-        if rec is not None and rec.canonical is None:  # maybe a marker: _past_patches, inline
+        if rec is not None and rec.has_no_canonical:  # maybe a marker: _past_patches, inline
             self._past_patches()
         try:
             action, rec = self.decide(self.history, self.progress.position, step)

@@ -49,11 +49,11 @@ class StepRecord:
     position: int
     fp: str
     first_seq: int
-    canonical: str | None = None
+    _canonical: str | None = None
     attempts: int = 0
     dispatched: bool = False
     done: bool = False
-    result_text: str | None = None
+    _result_text: str | None = None
     failure: dict[str, Any] | None = None
     wake_at_s: float | None = None
     partial: str | None = None
@@ -64,6 +64,51 @@ class StepRecord:
     last_seq: int = 0
     done_seq: int = 0
     description: str | None = None  # kept by a snapshot instead of the canonical text
+    _pair: str | None = None
+    """A TOOL_COMPLETED's data, ``[canonical,result]``, not yet split in two: splitting it
+    means parsing the canonical text to find where it ends, and the step a workflow yields at
+    this position, when replay meets it, names the split for the price of a comparison
+    (``decide``). Whatever reads ``canonical`` or ``result_text`` first splits it."""
+
+    @property
+    def canonical(self) -> str | None:
+        """The step's canonical text; None for a ctx value, a patch marker and a step folded
+        into a snapshot (which keeps its ``description``)."""
+        if self._pair is not None:
+            self._split()
+        return self._canonical
+
+    @canonical.setter
+    def canonical(self, text: str | None) -> None:
+        if self._pair is not None:
+            self._split()
+        self._canonical = text
+
+    @property
+    def result_text(self) -> str | None:
+        """The recorded result, as JSON text."""
+        if self._pair is not None:
+            self._split()
+        return self._result_text
+
+    @result_text.setter
+    def result_text(self, text: str | None) -> None:
+        if self._pair is not None:
+            self._split()
+        self._result_text = text
+
+    @property
+    def has_no_canonical(self) -> bool:
+        """``canonical is None``, without splitting a pair (which always holds one)."""
+        return self._canonical is None and self._pair is None
+
+    def _split(self) -> None:
+        pair = self._pair
+        assert pair is not None
+        self._pair = None
+        canonical, self._result_text = codec.unpair(pair)
+        if self._canonical is None:
+            self._canonical = canonical
 
 
 @dataclass(slots=True)
@@ -129,7 +174,7 @@ class History:
                 first,
                 attempts=attempts,
                 done=True,
-                result_text=result,
+                _result_text=result,
                 failure=failure,
                 retries=retries,
                 last_seq=done,
@@ -269,9 +314,9 @@ def _step_completed(h: History, e: Event) -> None:
 
 def _tool_completed(h: History, e: Event) -> None:
     rec = h.record(e)
-    canonical, rec.result_text = codec.unpair(e.data or "[null,null]")
-    if rec.canonical is None:
-        rec.canonical = canonical
+    if rec._pair is not None:  # a second completion of the step: the first's text goes
+        rec._split()
+    rec._pair = e.data or "[null,null]"  # split when first read (see StepRecord._pair)
     rec.attempts += 1
     rec.dispatched = False
     _finish(rec, e)
@@ -368,9 +413,22 @@ def decide(history: History, position: int, step: Step) -> tuple[str, StepRecord
         if history.terminal is not None:
             raise mismatch(history, position, "the end of the workflow", step.describe())
         return EXECUTE, None
-    # The same canonical text is the same fingerprint (which is its hash), and comparing the
-    # texts saves hashing the step on every step served; a folded step has only its fp.
-    if rec.canonical != step.canonical if rec.canonical is not None else rec.fp != step.fingerprint:
+    pair, text = rec._pair, step.canonical
+    if pair is not None and pair.startswith(text, 1) and pair.startswith(",", len(text) + 1):
+        # A TOOL_COMPLETED not yet split whose text starts with the step's canonical text and
+        # a comma: that is its first half (a JSON value ends where its text says, so no longer
+        # value can begin with a whole one), the step's, and the rest is the result.
+        rec._pair = None
+        rec._result_text = pair[len(text) + 2 : -1]
+        if rec._canonical is None:
+            rec._canonical = text
+        matched = rec._canonical == text
+    else:
+        # The same canonical text is the same fingerprint (which is its hash), and comparing
+        # the texts saves hashing the step on every step served; a folded step has only its fp.
+        recorded = rec.canonical
+        matched = recorded == text if recorded is not None else rec.fp == step.fingerprint
+    if not matched:
         expected, actual = describe_record(rec), step.describe()
         if expected == actual and rec.canonical is not None:
             # Short descriptions can coincide for long arguments: show everything.

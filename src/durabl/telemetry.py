@@ -316,7 +316,7 @@ def _describe(
     canonical text and, for a model call, the answer it recorded."""
     canonical = rec.canonical if rec is not None else None
     if canonical is None:  # a ctx value: named by its fingerprint, or a patch by its value
-        record = StepRecord(e.step, e.fp or "", e.seq, done=True, result_text=e.data)
+        record = StepRecord(e.step, e.fp or "", e.seq, done=True, _result_text=e.data)
         patch_id = patch_id_of(record)
         what = _CTX_WHAT.get(e.fp or "", "value")
         name = f"patch {patch_id}" if patch_id is not None else f"ctx {what}"

@@ -71,6 +71,12 @@ class Log:
     def completed(self, position: int, result: Any) -> Log:
         return self.add(events.STEP_COMPLETED, position, None, codec.encode(result))
 
+    def tool_completed(self, position: int, step: ToolCall, result: Any) -> Log:
+        """The one event of an IDEMPOTENT tool call with a derived key: its canonical text and
+        its result in one pair."""
+        data = codec.pair(step.canonical, codec.encode(result))
+        return self.add(events.TOOL_COMPLETED, position, step.fingerprint, data)
+
     def failed(self, position: int, failure: StepFailed) -> Log:
         return self.add(events.STEP_FAILED, position, None, codec.encode(failure.to_record()))
 

@@ -261,6 +261,30 @@ class TestDecide:
             assert action_of(history, 3, NAP) == replay.EXECUTE
         assert repr(history) == before
 
+    def test_a_tool_completed_pair_is_served_and_reads_as_its_two_halves(self) -> None:
+        # The pair is split by whichever comes first: the step replay meets, or a reader.
+        hits = {"hits": ["a", "b"], "note": '],"x":[1'}
+        served = Log().tool_completed(1, SEARCH, hits).history()
+        assert result_served(served, 1, SEARCH) == hits
+        read = Log().tool_completed(1, SEARCH, hits).history()
+        rec = read.steps[1]
+        assert rec.canonical == SEARCH.canonical
+        assert codec.decode(rec.result_text or "") == hits
+        assert (rec.attempts, rec.dispatched, rec.done) == (1, False, True)
+        assert result_served(read, 1, SEARCH) == hits
+
+    def test_a_step_whose_text_begins_the_recorded_one_is_not_taken_for_it(self) -> None:
+        # ["tool","search",{"q":"sea"},null] is no prefix of the recorded text, but a step
+        # could begin like a longer one: only a whole canonical text and its comma match.
+        recorded = ToolCall("search", {"q": "sea otters"})
+        history = Log().tool_completed(1, recorded, "hits").history()
+        for drifted in (ToolCall("search", {"q": "sea"}), ToolCall("search")):
+            with pytest.raises(NonDeterminismError) as caught:
+                replay.decide(history, 1, drifted)
+            assert recorded.describe() in str(caught.value)
+            assert drifted.describe() in str(caught.value)
+        assert history.steps[1].canonical == recorded.canonical
+
     def test_a_completed_step_inside_a_terminal_log_is_still_served(self) -> None:
         history = Log().step_done(1, SEARCH, "a").run_completed("done").history()
         assert result_served(history, 1, SEARCH) == "a"
