@@ -1,11 +1,13 @@
 """Run shell commands as tools, so that a killed agent leaves no child still acting.
 
-The command runs in its own process group (a timeout kills the whole group) and, on Linux, is
-given ``PR_SET_PDEATHSIG``: when the agent process dies, even by SIGKILL, the kernel sends the
-command SIGKILL too. That setting survives ``exec`` but not ``fork``, and a shell may fork even a
-simple command (dash does for ``sh -c "sleep 30"``), so a guard process watches the agent as well:
-it holds the read end of a pipe only the agent can write to, and when the agent dies (end of file
-without a "done") it kills the command's whole process group, forked children included.
+The command runs in a process group apart from the agent's (a timeout kills the whole group)
+and, on Linux, is given ``PR_SET_PDEATHSIG``: when the agent process dies, even by SIGKILL, the
+kernel sends the command SIGKILL too. That setting survives ``exec`` but not ``fork``, and a shell
+may fork even a simple command (dash does for ``sh -c "sleep 30"``), so a guard process watches
+the agent as well: it holds the read end of a pipe only the agent can write to, and when the
+agent dies (end of file without a "done") it kills the command's whole process group, forked
+children included. The guard is started first and leads that group, so there is no moment when
+the command runs unwatched.
 
 The step's idempotency key is in the command's environment as ``DURABL_IDEMPOTENCY_KEY``.
 """
@@ -55,27 +57,32 @@ def run_command(
     if idempotency_key is not None:
         full_env[KEY_VARIABLE] = idempotency_key
     parent = os.getpid()
-    proc = subprocess.Popen(
-        command,
-        shell=isinstance(command, str),
-        cwd=cwd,
-        env=full_env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        preexec_fn=lambda: _die_with(parent),
-    )
-    guard = _guard(proc.pid)
+    guard = _guard()
+    try:
+        proc = subprocess.Popen(
+            command,
+            shell=isinstance(command, str),
+            cwd=cwd,
+            env=full_env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            process_group=0 if guard is None else guard.pid,
+            preexec_fn=lambda: _die_with(parent),
+        )
+    except BaseException:
+        _stand_down(guard)
+        raise
+    group = proc.pid if guard is None else guard.pid
     try:
         stdout, stderr = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        _kill_group(proc.pid)
+        _kill_group(group)
         proc.communicate()
         raise CommandTimedOut(command=command, timeout_s=timeout_s) from None
     except BaseException:
-        _kill_group(proc.pid)
+        _kill_group(group)
         raise
     finally:
         _stand_down(guard)
@@ -84,20 +91,22 @@ def run_command(
     return {"returncode": proc.returncode, "stdout": stdout, "stderr": stderr}
 
 
-_GUARD_SCRIPT = 'read -r word; [ "$word" = done ] || kill -9 "-$1" 2>/dev/null'
+_GUARD_SCRIPT = 'read -r word; [ "$word" = done ] || kill -9 -$$ 2>/dev/null'
 
 
-def _guard(pgid: int) -> subprocess.Popen[bytes] | None:
-    """A process that kills group ``pgid`` if this process dies before it says "done": the
-    pipe's write end is this process's alone (children do not inherit it), so its death is an
-    end of file."""
+def _guard() -> subprocess.Popen[bytes] | None:
+    """A process that leads a process group of its own, which the command then joins, and
+    kills the whole group if this process dies before it says "done": the pipe's write end is
+    this process's alone (children do not inherit it), so its death is an end of file. It is
+    started first, so that from the command's first instant there is a group to kill and a
+    process watching for the agent's death."""
     try:
         return subprocess.Popen(
-            ["/bin/sh", "-c", _GUARD_SCRIPT, "durabl-shell-guard", str(pgid)],
+            ["/bin/sh", "-c", _GUARD_SCRIPT, "durabl-shell-guard"],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            start_new_session=True,
+            process_group=0,
         )
     except OSError:  # no /bin/sh: PR_SET_PDEATHSIG alone still covers a command that execs
         return None

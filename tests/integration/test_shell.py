@@ -115,6 +115,26 @@ def test_a_timeout_kills_the_whole_process_group() -> None:
         kill_leftovers(second)
 
 
+def test_the_command_joins_a_group_its_guard_already_leads() -> None:
+    # The guard is started before the command and leads the group the command joins: from the
+    # command's first instant, something watches the agent and can kill the group. (Started
+    # after it, the guard left a moment in which a shell's forked child outlived a SIGKILLed
+    # agent.)
+    mark = marker()
+    command = f"sleep {mark}; echo done"
+    caller = threading.Thread(target=run_command, args=(command,), kwargs={"check": False})
+    try:
+        caller.start()
+        (child,) = wait_until("the command to run", lambda: sleepers(mark))
+        leader = os.getpgid(child)
+        assert leader != os.getpgid(0)
+        assert "durabl-shell-guard" in argv_of(leader)
+    finally:
+        kill_leftovers(mark)
+        caller.join(timeout=20)
+    assert not caller.is_alive()
+
+
 def test_a_failing_command_raises_naming_its_exit_code() -> None:
     with pytest.raises(CommandFailed, match=r"exited with 3: boom"):
         run_command("echo boom >&2; exit 3")
