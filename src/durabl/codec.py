@@ -69,7 +69,15 @@ def encode(value: Any, *, what: Described = "value") -> str:
         except TypeError:
             _check_keys(value)  # a clearer message when mixed key types broke the sort
             raise
-        _check_keys(value)
+        if type(value) is dict:
+            # Most values durabl encodes, a tool's arguments and result on every step, are
+            # flat dicts with str keys: told apart here, without the walk or even its call.
+            for key, item in value.items():
+                if type(key) is not str or isinstance(item, _CONTAINERS):
+                    _check_keys(value)
+                    break
+        elif isinstance(value, _CONTAINERS):
+            _check_keys(value)
         if not text.isascii():
             text.encode()  # a lone surrogate has no UTF-8 form and could not be stored
         return text
@@ -80,16 +88,10 @@ def encode(value: Any, *, what: Described = "value") -> str:
 
 
 def _check_keys(value: Any) -> None:
-    """JSON would silently turn a key like 1 or None into "1" or "null"; refuse instead."""
+    """JSON would silently turn a key like 1 or None into "1" or "null"; refuse instead.
+    (``encode`` looks at a flat dict itself, and calls this for anything else.)"""
     if not isinstance(value, _CONTAINERS):
         return
-    if type(value) is dict:
-        # Most records durabl writes are flat dicts with str keys: done without the walk.
-        for key, item in value.items():
-            if type(key) is not str or isinstance(item, _CONTAINERS):
-                break
-        else:
-            return
     stack = [value]
     seen: set[int] = set()
     while stack:

@@ -162,11 +162,13 @@ class Drive:
         if self.hold is not None:
             raise Hold(self.hold)
 
-    def _past_patches(self) -> None:
+    def _past_patches(self) -> bool:
         """Step over patch markers the code no longer asks for: a ``ctx.patched`` guard taken
         out once every run recorded before the change is finished leaves, in the runs that took
-        the new branch, a marker where the code now yields the new branch's first step."""
+        the new branch, a marker where the code now yields the new branch's first step.
+        Whether there was one."""
         steps = self.history.steps
+        start = self.progress.position
         while (
             (rec := steps.get(self.progress.position)) is not None
             and rec.has_no_canonical  # a marker records no canonical text
@@ -174,16 +176,21 @@ class Drive:
         ):
             self.progress.position += 1
             self.progress.replayed += 1
+        return self.progress.position != start
 
     def _step(self, step: Step) -> Any:
         """Serve the step from the log, throw its recorded failure, or execute it."""
-        rec = self.history.steps.get(self.progress.position)
-        if rec is not None and rec.has_no_canonical:  # maybe a marker: _past_patches, inline
-            self._past_patches()
         try:
             action, rec = self.decide(self.history, self.progress.position, step)
         except NonDeterminismError as exc:
-            raise Hold(exc) from None
+            # A marker stands where no step does: the log disagrees there with every step but
+            # its own, so markers are looked for only when it disagrees, not at every step.
+            if not self._past_patches():
+                raise Hold(exc) from None
+            try:
+                action, rec = self.decide(self.history, self.progress.position, step)
+            except NonDeterminismError as again:
+                raise Hold(again) from None
         if action == replay.SERVE and rec is not None:
             self.progress.replayed += step.width  # a Parallel served: its branches with it
             crashpoints.reach(crashpoints.DURING_REPLAY)

@@ -148,10 +148,15 @@ class History:
             return history
         if first.seq != watermark + 1:
             raise CompactedLogGapError(run_id=run_id, seq=first.seq, watermark=watermark)
-        apply = history.apply
-        apply(first)
-        for event in rows:
-            apply(event)
+        history.apply(first)
+        # ``apply``, inline: this loop runs once for every event of every log folded.
+        handlers, last = _HANDLERS, first
+        for last in rows:
+            handler = handlers.get(last.kind)
+            if handler is None:
+                raise UnknownEventKindError(run_id=run_id, seq=last.seq, kind=last.kind)
+            handler(history, last)
+        history.last_seq = last.seq
         return history
 
     @classmethod
