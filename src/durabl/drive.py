@@ -171,7 +171,7 @@ class Drive:
         start = self.progress.position
         while (
             (rec := steps.get(self.progress.position)) is not None
-            and rec.has_no_canonical  # a marker records no canonical text
+            and rec.canonical is None  # a marker records no canonical text
             and replay.is_patch(rec)
         ):
             self.progress.position += 1

@@ -97,11 +97,6 @@ class StepRecord:
             self._split()
         self._result_text = text
 
-    @property
-    def has_no_canonical(self) -> bool:
-        """``canonical is None``, without splitting a pair (which always holds one)."""
-        return self._canonical is None and self._pair is None
-
     def _split(self) -> None:
         pair = self._pair
         assert pair is not None
