@@ -229,7 +229,11 @@ class Store(Protocol):
     def load_history(self, run_id: str) -> tuple[int, str | None, list[Event]]:
         """The run's watermark, its compaction snapshot (None if never compacted) and its
         events after the watermark, read in one transaction; checksums verified as in
-        ``load_log`` (a snapshot that fails its own raises ``StorageError``)."""
+        ``load_log`` (a snapshot that fails its own raises ``StorageError``).
+
+        A log that still holds seq 1 was never compacted (a compaction deletes every event up
+        to its watermark in the transaction that sets it), so its watermark is 0 and it has no
+        snapshot, and the backends do not read them."""
 
     def reclaim(self) -> tuple[int, int]:
         """Hand the space freed by compaction back to the file system. Returns the database's

@@ -526,8 +526,10 @@ class PostgresStore(Server):
         whose = {"run_id": run_id, "after_seq": 0}
 
         def work(conn: psycopg.Connection[Any]) -> tuple[Any, list[Any]]:
-            found = conn.execute(PQ["get_snapshot"], whose).fetchone()
-            return found, conn.execute(PQ["load_log"], whose).fetchall()
+            rows = conn.execute(PQ["load_log"], whose).fetchall()
+            if rows and rows[0][0] == 1:
+                return (0, None, None), rows  # never compacted: see Store.load_history
+            return conn.execute(PQ["get_snapshot"], whose).fetchone(), rows
 
         found, rows = self._do(work, snapshot=True)  # a compaction cannot tear the two reads
         if found is None:
