@@ -127,9 +127,14 @@ def driving(run_id: str, owner: str) -> Iterator[None]:
 class Leaser:
     """Takes, renews and releases the leases of one runtime instance."""
 
-    def __init__(self, store: Store, owner: str, lease_s: float = LEASE_S) -> None:
+    store: Store
+    """The database the leases are in; a runtime sets it once its database is open, before
+    it takes any lease."""
+
+    def __init__(self, store: Store | None, owner: str, lease_s: float = LEASE_S) -> None:
         check_seconds("lease_s", lease_s)
-        self.store = store
+        if store is not None:
+            self.store = store
         self.owner = owner
         self.lease_s = lease_s
         self.held: dict[str, int] = {}
@@ -206,6 +211,12 @@ class Leaser:
         if self._heartbeat is not None and self._heartbeat != threading.get_ident():
             self._beat_ended.wait(timeout=5)
 
+    def start(self) -> None:
+        """Start the heartbeat now, before any lease is held: a runtime starts it while its
+        database opens, so that its thread is up by the first lease (see ``_start_heartbeat``)."""
+        with self._lock:
+            self._start_heartbeat()
+
     def _start_heartbeat(self) -> None:
         # A bare thread: threading.Thread.start would wait for the new thread to run before
         # returning, and the first lease is taken on the way to a resumed run's first step.
@@ -214,8 +225,10 @@ class Leaser:
             self._heartbeat = _thread.start_new_thread(self._beat, ())
 
     def _beat(self) -> None:
-        """Renew every held lease each third of its length (see ``RENEW_MAX_S``). No fsync: a renewal lost to a power
-        cut only makes a lease expire sooner, which costs a takeover, never a duplicate."""
+        """Renew every held lease each third of its length (see ``RENEW_MAX_S``). No fsync: a
+        renewal lost to a power cut only makes a lease expire sooner, which costs a takeover,
+        never a duplicate."""
+        own_start()  # read here, beside the caller's work, not on the way to its first lease
         try:
             self._renew_until_stopped()
         finally:
