@@ -47,15 +47,6 @@ _C_ENCODER = (
 _encode_str = json.encoder.encode_basestring
 
 
-def _json(value: Any) -> str:
-    if _C_ENCODER is not None:
-        try:
-            return "".join(_C_ENCODER(value, 0))
-        except (TypeError, ValueError, RecursionError):
-            pass
-    return _ENCODER.encode(value)
-
-
 Described = str | Callable[[], str]
 """What a value is, for the error that refuses it: a text, or a function that makes one (a
 message built on every step for the rare value that fails costs more than the encoding)."""
@@ -65,7 +56,13 @@ def encode(value: Any, *, what: Described = "value") -> str:
     """Return the canonical JSON text of ``value`` or raise ``EncodingError`` naming ``what``."""
     try:
         try:
-            text = _json(value)
+            if _C_ENCODER is None:
+                text = _ENCODER.encode(value)
+            else:  # the shared C encoder (see above), called here: this runs at every step
+                try:
+                    text = "".join(_C_ENCODER(value, 0))
+                except (TypeError, ValueError, RecursionError):
+                    text = _ENCODER.encode(value)
         except TypeError:
             _check_keys(value)  # a clearer message when mixed key types broke the sort
             raise

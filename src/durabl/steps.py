@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from durabl import codec
 from durabl.checks import check_text
-from durabl.errors import BadStepError
+from durabl.errors import BadStepError, EncodingError
 
 DERIVED_KEY_PREFIX = "durabl:"
 """Derived idempotency keys start with this; explicit keys may not, so the two never collide."""
@@ -113,7 +113,8 @@ class ToolCall(Step):
         *,
         idempotency_key: str | None = None,
     ) -> None:
-        check_text("ToolCall name", name)
+        if type(name) is not str or not name:  # check_text's rule, without its call per yield
+            check_text("ToolCall name", name)
         if args is None:
             args = {}
         if not isinstance(args, dict):
@@ -129,7 +130,10 @@ class ToolCall(Step):
                 f"{DERIVED_KEY_PREFIX!r}, which durabl reserves for the keys it derives itself"
             )
         self.name = name
-        self.args_text = codec.encode(args, what=lambda: f"ToolCall({name!r}) args")
+        try:
+            self.args_text = codec.encode(args)
+        except EncodingError as exc:  # named here, not by a function made at every yield
+            raise EncodingError(what=f"ToolCall({name!r}) args", reason=exc.reason) from None
         self.idempotency_key = idempotency_key
         key_text = "null" if idempotency_key is None else _json_str(idempotency_key)
         self._fp = None
