@@ -163,14 +163,11 @@ def _complete(call: StepCall, spec: AttemptSpec, value: Any, attempt: int, openi
     """Record the result, and a tool's side_effects row with it, in one durable transaction."""
     dispatch = spec.dispatch
     try:
-        text, value = codec.round_trip(
-            value,
-            what=lambda: (
-                f"the result of {call.step.describe()} (run {call.run_id} step {call.position})"
-            ),
-        )
-    except EncodingError as exc:
-        err = spec.failure(spec.name, "EncodingError", str(exc), attempt)
+        text, value = codec.round_trip(value)
+    except EncodingError as exc:  # named here, not by a function made at every step
+        what = f"the result of {call.step.describe()} (run {call.run_id} step {call.position})"
+        named = EncodingError(what=what, reason=exc.reason)
+        err = spec.failure(spec.name, "EncodingError", str(named), attempt)
         record_failure(call, err, dispatch, opening, effect_happened=dispatch is not None)
         raise err from None
     effect = None
