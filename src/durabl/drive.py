@@ -29,7 +29,15 @@ from durabl.errors import (
 from durabl.flow import Hold, Park, Unwind
 from durabl.replay import History, StepRecord
 from durabl.states import Progress
-from durabl.steps import ContinueAsNew, CtxValue, PatchMarker, Sleep, Step, WaitSignal
+from durabl.steps import (
+    ContinueAsNew,
+    CtxValue,
+    PatchMarker,
+    Sleep,
+    Step,
+    ToolCall,
+    WaitSignal,
+)
 from durabl.workflow import Workflow
 
 _CTX_STEPS = {what: CtxValue(what) for what in ("now", "random", "uuid")}
@@ -194,6 +202,8 @@ class Drive:
         if action == replay.SERVE and rec is not None:
             self.progress.replayed += step.width  # a Parallel served: its branches with it
             crashpoints.reach(crashpoints.DURING_REPLAY)
+            if type(step) is ToolCall:  # nearly every step served: its result as recorded
+                return codec.decode(rec.result_text or "null")
             if isinstance(step, ContinueAsNew):
                 raise Park()  # the run went on as another: nothing after the yield runs here
             return step.served(codec.decode(rec.result_text or "null"))
