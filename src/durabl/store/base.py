@@ -51,9 +51,11 @@ class RunRow:
     lease_token: int = 0
 
 
-@dataclass(slots=True, frozen=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class SideEffect:
-    """The one record an idempotency key may ever have: the effect happened, with this outcome."""
+    """The one record an idempotency key may ever have: the effect happened, with this outcome.
+    Not frozen: every tool step builds one, and a frozen dataclass's ``__init__`` sets each
+    field through ``object.__setattr__``."""
 
     key: str
     run_id: str

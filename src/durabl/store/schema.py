@@ -88,6 +88,8 @@ NUMBERED = {name: _compiled(sql) for name, sql in Q.items()}
 """Each statement of ``Q`` with numbered parameters, and what takes its named parameters to
 their sequence. The writes bind through it: SQLite binds a sequence faster than it looks names
 up in a mapping, and a write runs on every step. The named text in ``Q`` stays the one source."""
+PARAMETERS = {name: _numbered(sql)[1] for name, sql in Q.items()}
+"""Each statement's parameter names, in the order its numbered parameters bind."""
 MIGRATIONS = load_migrations("sqlite")
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 

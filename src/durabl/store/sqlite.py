@@ -52,7 +52,14 @@ from durabl.store.records import (
     parameters_of,
     run_row,
 )
-from durabl.store.schema import APPLICATION_ID, MIGRATIONS, NUMBERED, SCHEMA_VERSION, Q
+from durabl.store.schema import (
+    APPLICATION_ID,
+    MIGRATIONS,
+    NUMBERED,
+    PARAMETERS,
+    SCHEMA_VERSION,
+    Q,
+)
 from durabl.store.sqlite_errors import duplicate_key, storage_error
 
 __all__ = ["APPLICATION_ID", "MIGRATIONS", "SCHEMA_VERSION", "Q", "SQLiteStore"]
@@ -62,6 +69,9 @@ DURABILITY_MODES = ("full", "process")
 INSERT_BATCH = 500
 """Events per insert statement when a whole history is written at once (a fork): SQLite and
 PostgreSQL both cap the parameters one statement binds."""
+
+_Written = Statement | tuple[str, tuple[Any, ...]]
+"""A statement with its named parameters, or with the sequence it binds, in order."""
 
 _UNCOUNTED = frozenset(
     {"wake_on_signal", "insert_run", "note_parent", "carry_signals", "close_signals"}
@@ -234,17 +244,21 @@ class SQLiteStore:
         return log
 
     def commit(self, commit: Commit) -> None:
-        changed = self._apply(self._statements(commit), commit.durable)
+        if _only_a_result(commit):
+            changed = self._apply([_result_statement(commit)], commit.durable)
+        else:
+            changed = self._apply(self._statements(commit), commit.durable)
         if commit.fence is not None and not commit.events and changed == 0:
             raise LeaseLost(run_id=commit.run_id, token=commit.fence)
 
-    def _statements(self, commit: Commit) -> list[Statement]:
+    def _statements(self, commit: Commit) -> list[_Written]:
         """What ``commit`` writes, in order; the run row's update comes last, so that its
         changed-row count tells whether the fence held."""
         run_id, fence = commit.run_id, commit.fence
-        statements = []
+        statements: list[_Written] = []
         if len(commit.events) == 1 and commit.side_effect is not None:
-            # The common commit of a finished tool call: one statement, not two.
+            # A finished tool call's commit that ``_only_a_result`` does not take (a failed
+            # effect, or more to write with it): still one statement for the two rows.
             statements.append(
                 event_with_effect_insert(run_id, commit.events[0], fence, commit.side_effect)
             )
@@ -298,7 +312,7 @@ class SQLiteStore:
             statements.append(("wake_on_signal", waking))
         return statements
 
-    def _apply(self, statements: list[Statement], durable: bool) -> int:
+    def _apply(self, statements: list[_Written], durable: bool) -> int:
         """Execute ``statements`` atomically, in one batch with whatever other threads are
         committing (see the module docstring); returns the rows the last one changed."""
         if self._lock.acquire(blocking=False):
@@ -321,7 +335,7 @@ class SQLiteStore:
             raise mine.error
         return mine.changed
 
-    def _commit_alone(self, statements: list[Statement], durable: bool) -> int:
+    def _commit_alone(self, statements: list[_Written], durable: bool) -> int:
         """``_commit_batch`` of one commit, without the batch's bookkeeping: the common case
         of one thread committing. Called with the connection lock held."""
         conn = self._live()
@@ -414,14 +428,16 @@ class SQLiteStore:
             return
         conn.execute("RELEASE one_commit")
 
-    def _counted(self, conn: sqlite3.Connection, statement: Statement, changed: int) -> int:
+    def _counted(self, conn: sqlite3.Connection, statement: _Written, changed: int) -> int:
         """Execute ``statement``; the rows it changed, which the fence check reads, unless it
         is one whose count means nothing to that check (``_UNCOUNTED``): then ``changed``."""
         found = self._execute(conn, statement)
         return changed if statement[0] in _UNCOUNTED else found
 
-    def _execute(self, conn: sqlite3.Connection, statement: Statement) -> int:
+    def _execute(self, conn: sqlite3.Connection, statement: _Written) -> int:
         name, params = statement
+        if isinstance(params, tuple):  # bound in order already (``_result_statement``)
+            return self._run(conn, statement, NUMBERED[name][0], params)
         if name == "note_parent":
             return self._note_parent(conn, params)
         if name == "insert_events":
@@ -429,15 +445,20 @@ class SQLiteStore:
         else:
             sql, bind = NUMBERED[name]
             values = bind(params)
-        try:
-            changed = conn.execute(sql, values).rowcount
-        except sqlite3.IntegrityError as exc:
-            raise self._refused(statement, exc) from None
+        changed = self._run(conn, statement, sql, values)
         if name == "update_run" and changed == 0 and params.get("fence") is not None:
             # Refused inside the transaction, so that nothing else of the commit lands: a
             # commit that appends events is refused by the append trigger instead.
             raise LeaseLost(run_id=params["run_id"], token=params["fence"])
         return changed
+
+    def _run(
+        self, conn: sqlite3.Connection, statement: _Written, sql: str, values: Sequence[Any]
+    ) -> int:
+        try:
+            return conn.execute(sql, values).rowcount
+        except sqlite3.IntegrityError as exc:
+            raise self._refused(statement, exc) from None
 
     def _note_parent(self, conn: sqlite3.Connection, params: dict[str, Any]) -> int:
         """Append a child's outcome at the end of its parent's log and make the parent due;
@@ -452,10 +473,13 @@ class SQLiteStore:
         self._execute(conn, events_insert(params["run_id"], [note], None))
         return self._execute(conn, ("wake_parent", params))
 
-    def _refused(self, statement: Statement, exc: sqlite3.IntegrityError) -> DurablError:
+    def _refused(self, statement: _Written, exc: sqlite3.IntegrityError) -> DurablError:
         """What a constraint's refusal of ``statement`` means: a second side effect for one
         key is told by which statement failed and how, never by the error's words."""
-        name, params = statement
+        name, given = statement
+        params = (
+            dict(zip(PARAMETERS[name], given, strict=True)) if isinstance(given, tuple) else given
+        )
         if name == "insert_run" and duplicate_key(exc):
             return RunExistsError(path=self.path, run_id=params["run_id"])
         if name in _EFFECT_OWNER and duplicate_key(exc):
@@ -623,12 +647,59 @@ def _me() -> int:
     return threading.get_ident()
 
 
+_RESULT_PARAMETERS = (
+    "run_id", "seq", "kind", "step", "fp", "data", "at_s", "crc", "fence",
+    "idempotency_key", "effect_run_id", "effect_step", "tool", "args_fp", "result",
+    "effect_at_s",
+)  # fmt: skip
+if PARAMETERS["insert_event_with_result"] != _RESULT_PARAMETERS:
+    raise AssertionError("insert_event_with_result binds other parameters than _result_statement")
+
+
+def _only_a_result(c: Commit) -> bool:
+    """A tool call's finished attempt and nothing else: one event and its side effect, which
+    succeeded. The commit of nearly every step, and one statement."""
+    effect = c.side_effect
+    return (
+        effect is not None
+        and effect.error is None
+        and len(c.events) == 1
+        and c.wake_at_s == UNCHANGED
+        and c.status is None
+        and c.result_text is None
+        and c.error is None
+        and not c.clear_error
+        and c.claim is None
+        and c.release_claim is None
+        and c.deliver_signal is None
+        and c.new_run is None
+        and c.carry_signals is None
+        and c.parent_note is None
+        and c.wake_on_signal is None
+    )
+
+
+def _result_statement(c: Commit) -> _Written:
+    """``insert_event_with_result`` for a commit ``_only_a_result`` accepts, its parameters
+    bound in order: the same statement ``_statements`` makes, without a mapping built on every
+    step to be taken apart again."""
+    effect = c.side_effect
+    assert effect is not None
+    seq, kind, step, fp, data, at_s = c.events[0]
+    crc = codec.checksum(seq, kind, step, fp, data, at_s)
+    return "insert_event_with_result", (
+        c.run_id, seq, kind, step, fp, data, at_s, crc, c.fence,
+        effect.key, effect.run_id, effect.step, effect.tool, effect.args_fp, effect.result_text,
+        effect.at_s,
+    )  # fmt: skip
+
+
 class _Pending:
     """One commit waiting for its batch: its statements, and once done, its answer."""
 
     __slots__ = ("changed", "done", "durable", "error", "statements", "thread")
 
-    def __init__(self, statements: list[Statement], durable: bool) -> None:
+    def __init__(self, statements: list[_Written], durable: bool) -> None:
         self.statements = statements
         self.durable = durable
         self.thread = _me()
