@@ -64,11 +64,22 @@ class Opening:
     closing commit. ``disarm``: the attempt was brought here by a retry timer, which the
     closing commit clears."""
 
-    events: list[NewEvent]
+    started: list[NewEvent]
     disarm: bool
     whole: bool = False
     """The opening of an IDEMPOTENT tool with a derived key: a result closes it as one
     TOOL_COMPLETED event, which stands for the opening and the result together."""
+    dispatched_key: str | None = None
+    """The key of a TOOL_DISPATCHED that follows ``started``: its event is made only if a
+    closing commit writes the opening out (a failed attempt), never for a whole one's result."""
+
+    @property
+    def events(self) -> list[NewEvent]:
+        """The opening's events, as the closing commit writes them first."""
+        key = self.dispatched_key
+        if key is None:
+            return self.started
+        return [*self.started, (events.TOOL_DISPATCHED, None, dispatched_data(key))]
 
     def wake(self, wake_at_s: float | None) -> float | None:
         """The closing commit's timer: its own, else cleared if this attempt disarms one."""
@@ -145,18 +156,20 @@ def _begin(call: StepCall, spec: AttemptSpec, retry_pending: bool) -> Opening:
         crashpoints.reach(crashpoints.AFTER_STEP_STARTED)
         return WRITTEN
     crashpoints.reach(crashpoints.AFTER_STEP_STARTED)
-    opening: list[NewEvent] = [
-        *started,
-        (events.TOOL_DISPATCHED, None, f'{{"key":{codec.encode_str(dispatch.key)}}}'),
-    ]
     if not dispatch.at_most_once and dispatch.claim is None:
         crashpoints.reach(crashpoints.AFTER_TOOL_DISPATCHED)
-        return Opening(opening, disarm=retry_pending, whole=True)
+        return Opening(started, disarm=retry_pending, whole=True, dispatched_key=dispatch.key)
+    opening = [*started, (events.TOOL_DISPATCHED, None, dispatched_data(dispatch.key))]
     journal.append(
         opening, claim=dispatch.claim, wake_at_s=wake_at_s, durable=dispatch.at_most_once
     )
     crashpoints.reach(crashpoints.AFTER_TOOL_DISPATCHED)
     return WRITTEN
+
+
+def dispatched_data(key: str) -> str:
+    """A TOOL_DISPATCHED event's data: the key the call was dispatched under."""
+    return f'{{"key":{codec.encode_str(key)}}}'
 
 
 def _complete(call: StepCall, spec: AttemptSpec, value: Any, attempt: int, opening: Opening) -> Any:
