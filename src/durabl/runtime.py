@@ -119,7 +119,10 @@ class Runtime(AsyncRuntime):
         user_clock: Callable[[], float] = (
             clock if clock is not None else getattr(self.store, "clock", time.time)
         )
-        self._clock: Callable[[], float] = lambda: float(user_clock())
+        # The runtime reads its clock at every commit: time.time itself needs no float().
+        self._clock: Callable[[], float] = (
+            time.time if user_clock is time.time else lambda: float(user_clock())
+        )
         self._boundary = {"pid": os.getpid(), "host": leases.HOST, "owner": self.instance_id}
         self._policies: dict[str, RetryPolicy] = {}
         self._worker: Worker | None = None

@@ -39,7 +39,7 @@ def execute(call: StepCall) -> Any:
             ambiguous = not (call.rec is not None and call.rec.redriven)
     if ambiguous and tool.mode is ToolMode.AT_MOST_ONCE:
         _dead_letter(call, step, key if explicit else None)
-    args = dict(step.args)
+    args = step.args  # a new dict at every read: the key can go into it
     if tool.wants_key:
         args["idempotency_key"] = key
     claim = (
