@@ -66,12 +66,17 @@ class Opening:
 
     started: list[NewEvent]
     disarm: bool
-    whole: bool = False
-    """The opening of an IDEMPOTENT tool with a derived key: a result closes it as one
-    TOOL_COMPLETED event, which stands for the opening and the result together."""
     dispatched_key: str | None = None
-    """The key of a TOOL_DISPATCHED that follows ``started``: its event is made only if a
-    closing commit writes the opening out (a failed attempt), never for a whole one's result."""
+    """The key of a TOOL_DISPATCHED that follows ``started``, set for the opening of an
+    IDEMPOTENT tool with a derived key. Its event is made only if a closing commit writes the
+    opening out (a failed attempt), never for a result, which closes such an opening as one
+    TOOL_COMPLETED event (see ``whole``)."""
+
+    @property
+    def whole(self) -> bool:
+        """A result closes this opening as one TOOL_COMPLETED event, which stands for the
+        opening and the result together."""
+        return self.dispatched_key is not None
 
     @property
     def events(self) -> list[NewEvent]:
@@ -158,7 +163,7 @@ def _begin(call: StepCall, spec: AttemptSpec, retry_pending: bool) -> Opening:
     crashpoints.reach(crashpoints.AFTER_STEP_STARTED)
     if not dispatch.at_most_once and dispatch.claim is None:
         crashpoints.reach(crashpoints.AFTER_TOOL_DISPATCHED)
-        return Opening(started, disarm=retry_pending, whole=True, dispatched_key=dispatch.key)
+        return Opening(started, disarm=retry_pending, dispatched_key=dispatch.key)
     opening = [*started, (events.TOOL_DISPATCHED, None, dispatched_data(dispatch.key))]
     journal.append(
         opening, claim=dispatch.claim, wake_at_s=wake_at_s, durable=dispatch.at_most_once

@@ -78,17 +78,13 @@ def _binder(names: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tuple[Any, 
     return operator.itemgetter(*names)
 
 
-def _compiled(sql: str) -> tuple[str, Callable[[Mapping[str, Any]], tuple[Any, ...]]]:
-    code, names = _numbered(sql)
-    return code, _binder(names)
-
-
 Q = load_queries("sqlite_queries.sql")
-NUMBERED = {name: _compiled(sql) for name, sql in Q.items()}
+_NUMBERED_TEXT = {name: _numbered(sql) for name, sql in Q.items()}
+NUMBERED = {name: (code, _binder(names)) for name, (code, names) in _NUMBERED_TEXT.items()}
 """Each statement of ``Q`` with numbered parameters, and what takes its named parameters to
 their sequence. The writes bind through it: SQLite binds a sequence faster than it looks names
 up in a mapping, and a write runs on every step. The named text in ``Q`` stays the one source."""
-PARAMETERS = {name: _numbered(sql)[1] for name, sql in Q.items()}
+PARAMETERS = {name: names for name, (_, names) in _NUMBERED_TEXT.items()}
 """Each statement's parameter names, in the order its numbered parameters bind."""
 MIGRATIONS = load_migrations("sqlite")
 SCHEMA_VERSION = MIGRATIONS[-1][0]
