@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -144,6 +145,36 @@ class TestWantsKey:
         wrapped = tool(Charger(), name="charge")
         assert wrapped.wants_key is True
         assert wrapped.name == "charge"
+
+    def test_a_callable_object_with_a_positional_key_does_not_get_it(self) -> None:
+        class Charger:
+            def __call__(self, amount: int, idempotency_key: str) -> int:
+                return amount
+
+        assert tool(Charger(), name="charge").wants_key is False
+
+    def test_a_decorated_tool_is_read_through_its_wrapped_function(self) -> None:
+        def charge(amount: int, *, idempotency_key: str) -> int:
+            return amount
+
+        @functools.wraps(charge)
+        def logged(*args: Any, **kwargs: Any) -> int:
+            return charge(*args, **kwargs)
+
+        assert tool(logged).wants_key is True
+
+    def test_a_partial_is_read_through_its_function(self) -> None:
+        def charge(account: str, amount: int, *, idempotency_key: str) -> int:
+            return amount
+
+        assert tool(functools.partial(charge, "acct-1"), name="charge").wants_key is True
+
+    def test_a_local_variable_named_like_the_key_does_not_ask_for_it(self) -> None:
+        def charge(amount: int, **kwargs: Any) -> int:
+            idempotency_key = kwargs.get("key")
+            return amount if idempotency_key is None else 0
+
+        assert tool(charge).wants_key is False
 
 
 class TestToolPolicy:
