@@ -18,7 +18,8 @@ Kinds (``python bench/probe.py KIND --help``):
 - ``info``: the interpreter, SQLite and durabl this process runs with.
 - ``w40``: a fresh runtime on a fresh database: the plain loop then one W40 run, again and again,
   each timed; the first pair is cold (first of its kind in the process). Then the commit floors
-  on a database of their own: single commits and pairs of commits of one step-sized row.
+  on a database of their own: single commits, pairs of commits and commits of one step's rows,
+  while its WAL still grows (cold) and once SQLite has started it over (warm).
 - ``build``: start one run of 1 + N steps. ``--kill-at-call K`` makes the tool SIGKILL its own
   process on entry to tool call K, leaving the run unfinished with K steps completed.
 - ``replay``: dry replays of a completed run on a fresh runtime: the first (cold), the rest (warm).
@@ -83,9 +84,7 @@ STEP_ROWS_INSERT = (
     "INSERT INTO events (run_id, seq, kind, step, data, at_s, crc) VALUES "
     "(:run_id, :seq, 'TOOL_COMPLETED', :step, '[' || :canonical || ',' || :data || ']', :at_s, 0)"
 )
-STEP_EFFECT_INSERT = (
-    "INSERT INTO effects (key, run_id, step, result, at_s) VALUES (:key, :run_id, :step, :data, :at_s)"
-)
+STEP_EFFECT_INSERT = "INSERT INTO effects (key, run_id, step, result, at_s) VALUES (:key, :run_id, :step, :data, :at_s)"
 RAW_READ = "SELECT * FROM events WHERE run_id = ? ORDER BY seq"
 """Both versions keep a run's log in ``events`` (run_id, seq, ...); this reads all of it."""
 
@@ -218,40 +217,97 @@ def measure_w40(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def commit_floors(db: str, mode: str, commits: int) -> dict[str, Any]:
-    """Single commits and pairs of commits of one step-sized row, alternated, each timed from
-    BEGIN to the return of COMMIT; synchronous=FULL for "full", NORMAL for "process"."""
+    """The commit floors in the two states a WAL is in, each the state a W40 figure is taken
+    in: ``cold``, on a fresh file whose WAL is still growing (every commit appends frames past
+    the file's end, and its sync also writes the file's new size: ext4 makes that the dearer
+    kind), as a fresh runtime's first run is; and ``warm``, once SQLite has checkpointed and
+    started the WAL again from its beginning (commits overwrite frames in place), as a warm
+    runtime's runs are. Each section alternates single commits, pairs of commits and commits
+    of one step's rows of a step-sized row, each timed from BEGIN to the return of COMMIT;
+    synchronous=FULL for "full", NORMAL for "process". ``commits`` sets the warm section;
+    the cold one takes a third as many, so that the WAL is still growing when it ends."""
     conn = sqlite3.connect(db, isolation_level=None)
     try:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=" + ("FULL" if mode == "full" else "NORMAL"))
         conn.execute(FLOOR_SCHEMA)
+        conn.execute(STEP_ROWS_SCHEMA)
         data = json.dumps(
             {"result": result_of(7, TOPIC), "attempt": 1, "key": "0f" * 8}, separators=(",", ":")
         )
-        conn.execute(STEP_ROWS_SCHEMA)
-        seq = 0
-        single_us: list[float] = []
-        pair_us: list[float] = []
-        step_rows_us: list[float] = []
-        for step in range(1, commits + 1):
-            t0 = time.perf_counter_ns()
-            seq = commit_row(conn, seq, data)
-            single_us.append(elapsed_us(t0))
-            t0 = time.perf_counter_ns()
-            seq = commit_row(conn, commit_row(conn, seq, data), data)
-            pair_us.append(elapsed_us(t0))
-            t0 = time.perf_counter_ns()
-            commit_step_rows(conn, step, data)
-            step_rows_us.append(elapsed_us(t0))
+        wal = f"{db}-wal"
+        side_file = f"{db}.appended"
+        seq, cold = floor_section(conn, data, 0, 0, max(1, commits // 3), side_file)
+        cold_growth = os.path.getsize(wal)
+        seq, filled = fill_until_the_wal_restarts(conn, data, seq, wal)
+        seq, warm = floor_section(conn, data, seq, 2 * commits, commits, side_file)
     finally:
         conn.close()
     return {
         "synchronous": "FULL" if mode == "full" else "NORMAL",
         "payload_bytes": len(data),
+        "cold": cold,
+        "warm": warm,
+        "cold_wal_bytes": cold_growth,
+        "fill_commits": filled,
+    }
+
+
+def floor_section(
+    conn: sqlite3.Connection, data: str, seq: int, first_step: int, commits: int, side_file: str
+) -> tuple[int, dict[str, list[float]]]:
+    """``commits`` single commits, pairs, step-rows commits and step-rows commits after an
+    append to ``side_file``, alternated and each timed."""
+    single_us: list[float] = []
+    pair_us: list[float] = []
+    step_rows_us: list[float] = []
+    after_append_us: list[float] = []
+    for step in range(first_step + 1, first_step + 2 * commits + 1, 2):
+        t0 = time.perf_counter_ns()
+        seq = commit_row(conn, seq, data)
+        single_us.append(elapsed_us(t0))
+        t0 = time.perf_counter_ns()
+        seq = commit_row(conn, commit_row(conn, seq, data), data)
+        pair_us.append(elapsed_us(t0))
+        t0 = time.perf_counter_ns()
+        commit_step_rows(conn, step, data)
+        step_rows_us.append(elapsed_us(t0))
+        # W40's tool appends a line to a file before each step's commit: on ext4 that makes
+        # the next sync dearer, so this floor is the one a W40 step commits in.
+        with open(side_file, "a", encoding="utf-8") as fh:
+            fh.write(f"{step}\t{TOPIC}\n")
+        t0 = time.perf_counter_ns()
+        commit_step_rows(conn, step + 1, data)
+        after_append_us.append(elapsed_us(t0))
+    return seq, {
         "commit_us": single_us,
         "two_commits_us": pair_us,
         "step_rows_commit_us": step_rows_us,
+        "step_rows_after_append_commit_us": after_append_us,
     }
+
+
+WAL_RESTARTED_AFTER = 8
+"""Commits in a row that leave the WAL file's size as it was: SQLite is writing it from its
+beginning again (while it grows, every commit appends)."""
+FILL_LIMIT = 50_000
+
+
+def fill_until_the_wal_restarts(
+    conn: sqlite3.Connection, data: str, seq: int, wal: str
+) -> tuple[int, int]:
+    """Untimed single commits until SQLite's automatic checkpoint has let the WAL start over:
+    the next commits overwrite it in place, as every commit of a warm runtime does. Returns
+    the last seq and the commits it took."""
+    size, unchanged = os.path.getsize(wal), 0
+    for filled in range(1, FILL_LIMIT + 1):
+        seq = commit_row(conn, seq, data)
+        now = os.path.getsize(wal)
+        unchanged = unchanged + 1 if now == size else 0
+        size = now
+        if unchanged == WAL_RESTARTED_AFTER:
+            return seq, filled
+    raise SystemExit(f"probe: the floor's WAL was still growing after {FILL_LIMIT} commits")
 
 
 def commit_step_rows(conn: sqlite3.Connection, step: int, data: str) -> None:
