@@ -283,3 +283,29 @@ def test_checksum_depends_on_the_time_not_on_its_python_type() -> None:
     assert codec.checksum(3, events.STEP_STARTED, 1, "ab", "{}", 1000) == codec.checksum(
         3, events.STEP_STARTED, 1, "ab", "{}", 1000.0
     )
+
+
+def _stored(row: dict[str, Any], crc: int) -> tuple[Any, ...]:
+    """``row`` as a store reads it back: its columns in the Event's order, then the crc."""
+    return (row["seq"], row["kind"], row["step"], row["fp"], row["data"], row["at_s"], crc)
+
+
+@PROPERTY_SETTINGS
+@given(rows=st.lists(event_rows, max_size=6), data=st.data())
+def test_first_corrupt_agrees_with_checksum_row_by_row(
+    rows: list[dict[str, Any]], data: st.DataObject
+) -> None:
+    """The stores verify a log read with ``first_corrupt``, which has ``checksum``'s formula
+    inline: the two must agree on every row, and it names the first row that fails."""
+    stored = [_stored(row, codec.checksum(**row)) for row in rows]
+    assert codec.first_corrupt(stored) is None
+    if not rows:
+        return
+    bad = data.draw(st.integers(min_value=0, max_value=len(rows) - 1), label="damaged row")
+    damaged = [*stored[:bad], (*stored[bad][:6], stored[bad][6] ^ 1), *stored[bad + 1 :]]
+    assert codec.first_corrupt(damaged) == rows[bad]["seq"]
+
+
+def test_first_corrupt_reads_an_int_time_as_checksum_does() -> None:
+    row = {"seq": 3, "kind": events.STEP_STARTED, "step": 1, "fp": None, "data": None, "at_s": 7}
+    assert codec.first_corrupt([_stored(row, codec.checksum(**{**row, "at_s": 7.0}))]) is None

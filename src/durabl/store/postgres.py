@@ -222,12 +222,10 @@ class PostgresStore(Server):
         return int(found[0]) if found else 0
 
     def _verified(self, run_id: str, rows: list[tuple[Any, ...]]) -> list[Event]:
-        log = []
-        for seq, kind, step, fp, data, at_s, crc in rows:
-            if codec.checksum(seq, kind, step, fp, data, at_s) != crc:
-                raise EventChecksumError(path=self.path, run_id=run_id, seq=seq)
-            log.append(Event(seq, kind, step, fp, data, at_s))
-        return log
+        bad = codec.first_corrupt(rows)
+        if bad is not None:
+            raise EventChecksumError(path=self.path, run_id=run_id, seq=bad)
+        return [Event(seq, kind, step, fp, data, at_s) for seq, kind, step, fp, data, at_s, _ in rows]
 
     def _insert_events(
         self, conn: psycopg.Connection[Any], run_id: str, appended: list[Event], fence: int | None

@@ -230,18 +230,14 @@ class SQLiteStore:
         return int(found[0]) if found else 0
 
     def _verified(self, run_id: str, rows: list[tuple[Any, ...]]) -> list[Event]:
-        # ``load_log`` selects an event's columns in the order of its fields, then the crc:
-        # unpacked by position, and the Event made from the row's first six columns without
-        # NamedTuple's keyword handling, because this loop runs once for every event replayed.
-        checksum, make = codec.checksum, tuple.__new__
-        log: list[Event] = []
-        append = log.append
-        for row in rows:
-            seq, kind, step, fp, data, at_s, crc = row
-            if checksum(seq, kind, step, fp, data, at_s) != crc:
-                raise EventChecksumError(path=self.path, run_id=run_id, seq=seq)
-            append(make(Event, row[:6]))
-        return log
+        # ``load_log`` selects an event's columns in the order of its fields, then the crc: an
+        # Event is made from the row's first six columns without NamedTuple's keyword handling,
+        # because this runs once for every event replayed.
+        bad = codec.first_corrupt(rows)
+        if bad is not None:
+            raise EventChecksumError(path=self.path, run_id=run_id, seq=bad)
+        make = tuple.__new__
+        return [make(Event, row[:6]) for row in rows]
 
     def commit(self, commit: Commit) -> None:
         if _only_a_result(commit):
