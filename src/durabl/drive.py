@@ -148,7 +148,9 @@ class Drive:
                 if self.hold is not None:  # _check_hold, inline: this runs at every step
                     raise Hold(self.hold)
                 send, throw = None, None
-                if not isinstance(yielded, Step) or isinstance(yielded, CtxValue):
+                if type(yielded) is not ToolCall and (  # the step nearly every yield is
+                    not isinstance(yielded, Step) or isinstance(yielded, CtxValue)
+                ):
                     throw = not_a_step(workflow=self.wf.name, yielded=yielded)
                     continue
                 progress.position += 1

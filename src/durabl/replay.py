@@ -313,14 +313,17 @@ def _step_completed(h: History, e: Event) -> None:
 
 
 def _tool_completed(h: History, e: Event) -> None:
-    rec = h.record(e)
+    # ``record``, inline: a replay folds one of these for nearly every step of a run.
+    rec = h.steps.get(e.step)
+    if rec is None:
+        rec = h.steps[e.step] = StepRecord(e.step, e.fp or "", e.seq)
+    rec.last_seq = e.seq
     if rec._pair is not None:  # a second completion of the step: the first's text goes
         rec._split()
     rec._pair = e.data or "[null,null]"  # split when first read (see StepRecord._pair)
     rec.attempts += 1
     rec.dispatched = False
-    # _finish, inline: a replay folds one of these for nearly every step of a run.
-    rec.done = True
+    rec.done = True  # the rest is _finish, inline
     rec.done_seq = e.seq
     rec.wake_at_s = None
     rec.dead = False

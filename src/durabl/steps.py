@@ -122,22 +122,25 @@ class ToolCall(Step):
                 f"ToolCall({name!r}) args must be a dict of keyword arguments, "
                 f"got {type(args).__name__}"
             )
-        if idempotency_key is not None:
+        if idempotency_key is None:
+            key_text = "null"
+        else:
             check_text(f"ToolCall({name!r}) idempotency_key", idempotency_key)
-        if idempotency_key is not None and idempotency_key.startswith(DERIVED_KEY_PREFIX):
-            raise ValueError(
-                f"ToolCall({name!r}) idempotency_key {idempotency_key!r} starts with "
-                f"{DERIVED_KEY_PREFIX!r}, which durabl reserves for the keys it derives itself"
-            )
+            if idempotency_key.startswith(DERIVED_KEY_PREFIX):
+                raise ValueError(
+                    f"ToolCall({name!r}) idempotency_key {idempotency_key!r} starts with "
+                    f"{DERIVED_KEY_PREFIX!r}, which durabl reserves for the keys it derives "
+                    "itself"
+                )
+            key_text = _json_str(idempotency_key)
         self.name = name
         try:
-            self.args_text = codec.encode(args)
+            self.args_text = args_text = codec.encode(args)
         except EncodingError as exc:  # named here, not by a function made at every yield
             raise EncodingError(what=f"ToolCall({name!r}) args", reason=exc.reason) from None
         self.idempotency_key = idempotency_key
-        key_text = "null" if idempotency_key is None else _json_str(idempotency_key)
         self._fp = None
-        self.canonical = f'["tool",{_json_str(name)},{self.args_text},{key_text}]'
+        self.canonical = f'["tool",{_json_str(name)},{args_text},{key_text}]'
 
     @property
     def args(self) -> dict[str, Any]:
