@@ -706,6 +706,19 @@ class TestStoreContract:
         assert store.next_wake_s() is None
         assert store.due_runs(float("inf")) == []
 
+    # -- leases ----------------------------------------------------------------------------
+
+    def test_take_lease_swaps_only_the_token_it_was_shown(self, store: Store) -> None:
+        new_run(store)
+        assert store.take_lease("run-1", 0, lease("me")) == 1
+        taken = row_of(store, "run-1")
+        assert (taken.lease_token, taken.lease) == (1, replace(lease("me"), token=1))
+        assert store.take_lease("run-1", 0, lease("other")) is None
+        assert store.take_lease("run-9", 0, lease("other")) is None
+        assert row_of(store, "run-1") == taken
+        assert store.take_lease("run-1", 1, lease("other")) == 2
+        assert row_of(store, "run-1").lease == replace(lease("other"), token=2)
+
     # -- list_runs -------------------------------------------------------------------------
 
     def test_list_runs_is_newest_first_and_filters(self, store: Store) -> None:
