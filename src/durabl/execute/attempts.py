@@ -15,6 +15,9 @@ When the opening is committed is decided by what a crash during the call must le
   during the call then leaves nothing, and the call is made again, which is what IDEMPOTENT
   promises anyway; the step costs one commit instead of three. When the outcome is a result,
   the opening and the result are one TOOL_COMPLETED event instead of three events.
+
+``attempt_whole`` makes the first attempt of such a tool, the step nearly every run is made of,
+without the spec, dispatch and opening the loop builds; the loop takes over if it raises.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from durabl.execute.base import StepCall
 from durabl.flow import Hold, Park
 from durabl.journal import KEEP, NewEvent
 from durabl.store.base import KeyClaim, SideEffect
-from durabl.tools import RetryPolicy
+from durabl.tools import RetryPolicy, Tool
 
 
 @dataclass(slots=True)
@@ -95,11 +98,14 @@ WRITTEN = Opening([], disarm=False)
 """An opening already committed: the closing commit adds nothing to it."""
 
 
-def attempt(call: StepCall, spec: AttemptSpec) -> Any:
-    """Attempt the step until it succeeds, fails for good, or parks on a backoff timer."""
+def attempt(call: StepCall, spec: AttemptSpec, *, number: int | None = None) -> Any:
+    """Attempt the step until it succeeds, fails for good, or parks on a backoff timer.
+    ``number``: the attempt to begin with, when an earlier one was made outside this loop
+    (``attempt_whole``); by default the one after the attempts the log records."""
     rec = call.rec
-    attempt = (rec.retries if rec is not None else 0) + 1
-    retry_pending = rec is not None and rec.wake_at_s is not None
+    retry_pending = number is None and rec is not None and rec.wake_at_s is not None
+    if number is None:
+        number = (rec.retries if rec is not None else 0) + 1
     while True:
         opening = _begin(call, spec, retry_pending)
         retry_pending = False
@@ -108,21 +114,78 @@ def attempt(call: StepCall, spec: AttemptSpec) -> Any:
         except (Hold, Park):
             raise  # the step cannot be attempted as it is (a tool a ModelCall names is missing)
         except Exception as exc:
-            crashpoints.reach(spec.returned)
-            if attempt < spec.policy.max_attempts:
-                error = {"error_type": type(exc).__name__, "message": str(exc), "attempt": attempt}
-                delay_s = max(spec.policy.delay_s(attempt), retry_after_s(exc))
-                schedule_retry(call, error, delay_s, opening)
-                attempt += 1
-                continue
-            err = spec.failure(spec.name, type(exc).__name__, str(exc), attempt)
-            # An exception from an AT_MOST_ONCE tool does not prove nothing happened: the key
-            # is spent, so no other run holding it calls the tool again.
-            at_most_once = spec.dispatch is not None and spec.dispatch.at_most_once
-            record_failure(call, err, spec.dispatch, opening, effect_happened=at_most_once)
-            raise err from None
+            _failed(call, spec, exc, number, opening)
+            number += 1
+            continue
         crashpoints.reach(spec.returned)
-        return _complete(call, spec, value, attempt, opening)
+        return _complete(call, spec, value, number, opening)
+
+
+def attempt_whole(
+    call: StepCall,
+    tool: Tool,
+    args: dict[str, Any],
+    key: str,
+    spec_of: Callable[[], AttemptSpec],
+) -> Any:
+    """``attempt`` for the step nearly every run is made of: the first attempt of an
+    IDEMPOTENT tool with a derived key, which writes nothing before the call and closes as one
+    TOOL_COMPLETED event. It passes the same crash points and writes the same commit as the
+    loop, without the spec, the dispatch and the opening the loop builds for every attempt:
+    ``spec_of`` makes the spec only if the call raises or its result cannot be recorded, and
+    the loop takes over from there."""
+    crashpoints.reach(crashpoints.BEFORE_STEP_STARTED)
+    crashpoints.reach(crashpoints.AFTER_STEP_STARTED)
+    crashpoints.reach(crashpoints.AFTER_TOOL_DISPATCHED)
+    try:
+        value = call.services.call_tool(tool, args)
+    except (Hold, Park):
+        raise
+    except Exception as exc:
+        spec = spec_of()
+        _failed(call, spec, exc, 1, _whole_opening(call, key))
+        return attempt(call, spec, number=2)
+    crashpoints.reach(crashpoints.AFTER_TOOL_RETURNED)
+    try:
+        text, value = codec.round_trip(value)
+    except EncodingError:  # the loop's completion records why, and the key as spent
+        return _complete(call, spec_of(), value, 1, _whole_opening(call, key))
+    step = call.step
+    call.journal.append(
+        [(events.TOOL_COMPLETED, step.fingerprint, codec.pair(step.canonical, text))],
+        side_effect=_effect(call, key, tool.name, result_text=text),
+        durable=True,
+    )
+    crashpoints.reach(crashpoints.AFTER_STEP_COMMITTED)
+    call.executed()
+    return value
+
+
+def _whole_opening(call: StepCall, key: str) -> Opening:
+    """The opening ``_begin`` makes for the first attempt of an IDEMPOTENT tool with a derived
+    key."""
+    step = call.step
+    started: list[NewEvent] = [(events.STEP_STARTED, step.fingerprint, step.canonical)]
+    return Opening(started, disarm=False, dispatched_key=key)
+
+
+def _failed(
+    call: StepCall, spec: AttemptSpec, exc: Exception, number: int, opening: Opening
+) -> None:
+    """Attempt ``number`` raised ``exc``: record the retry (parking the run if it is later), or
+    once the policy gives up, the step's failure, which is raised."""
+    crashpoints.reach(spec.returned)
+    if number < spec.policy.max_attempts:
+        error = {"error_type": type(exc).__name__, "message": str(exc), "attempt": number}
+        delay_s = max(spec.policy.delay_s(number), retry_after_s(exc))
+        schedule_retry(call, error, delay_s, opening)
+        return
+    err = spec.failure(spec.name, type(exc).__name__, str(exc), number)
+    # An exception from an AT_MOST_ONCE tool does not prove nothing happened: the key is
+    # spent, so no other run holding it calls the tool again.
+    at_most_once = spec.dispatch is not None and spec.dispatch.at_most_once
+    record_failure(call, err, spec.dispatch, opening, effect_happened=at_most_once)
+    raise err from None
 
 
 MAX_RETRY_AFTER_S = 3600.0

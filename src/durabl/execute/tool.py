@@ -12,7 +12,7 @@ from typing import Any
 
 from durabl import codec, crashpoints, events, replay
 from durabl.errors import AmbiguousEffect, IdempotencyKeyConflict, ToolFailed, UnknownToolError
-from durabl.execute.attempts import AttemptSpec, Dispatch, attempt
+from durabl.execute.attempts import AttemptSpec, Dispatch, attempt, attempt_whole
 from durabl.execute.base import StepCall
 from durabl.flow import Hold, Park
 from durabl.steps import ToolCall, derived_key
@@ -53,16 +53,23 @@ def execute(call: StepCall) -> Any:
         if explicit
         else None
     )
+    if claim is None and call.rec is None and tool.mode is ToolMode.IDEMPOTENT:
+        return attempt_whole(call, tool, args, key, lambda: _spec(call, tool, args, key, None))
+    return attempt(call, _spec(call, tool, args, key, claim))
+
+
+def _spec(
+    call: StepCall, tool: Tool, args: dict[str, Any], key: str, claim: KeyClaim | None
+) -> AttemptSpec:
     call_tool = call.services.call_tool
-    spec = AttemptSpec(
-        name=step.name,
+    return AttemptSpec(
+        name=tool.name,  # the name it is registered under, which the step names
         call=lambda: call_tool(tool, args),
         policy=call.services.policy(tool),
         returned=crashpoints.AFTER_TOOL_RETURNED,
         failure=ToolFailed,
         dispatch=Dispatch(key, claim, at_most_once=tool.mode is ToolMode.AT_MOST_ONCE),
     )
-    return attempt(call, spec)
 
 
 def _registered(call: StepCall, step: ToolCall) -> Tool:
