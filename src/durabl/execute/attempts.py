@@ -103,9 +103,10 @@ def attempt(call: StepCall, spec: AttemptSpec, *, number: int | None = None) -> 
     ``number``: the attempt to begin with, when an earlier one was made outside this loop
     (``attempt_whole``); by default the one after the attempts the log records."""
     rec = call.rec
-    retry_pending = number is None and rec is not None and rec.wake_at_s is not None
+    retry_pending = False
     if number is None:
         number = (rec.retries if rec is not None else 0) + 1
+        retry_pending = rec is not None and rec.wake_at_s is not None
     while True:
         opening = _begin(call, spec, retry_pending)
         retry_pending = False
@@ -150,9 +151,8 @@ def attempt_whole(
         text, value = codec.round_trip(value)
     except EncodingError:  # the loop's completion records why, and the key as spent
         return _complete(call, spec_of(), value, 1, _whole_opening(call, key))
-    step = call.step
     call.journal.append(
-        [(events.TOOL_COMPLETED, step.fingerprint, codec.pair(step.canonical, text))],
+        [_tool_completed(call, text)],
         side_effect=_effect(call, key, tool.name, result_text=text),
         durable=True,
     )
@@ -256,8 +256,7 @@ def _complete(call: StepCall, spec: AttemptSpec, value: Any, attempt: int, openi
         effect = _effect(call, dispatch.key, spec.name, result_text=text)
     recorded: list[NewEvent]
     if opening.whole:
-        step = call.step
-        recorded = [(events.TOOL_COMPLETED, step.fingerprint, codec.pair(step.canonical, text))]
+        recorded = [_tool_completed(call, text)]
     else:
         recorded = [*opening.events, (events.STEP_COMPLETED, None, text)]
     call.journal.append(
@@ -270,6 +269,12 @@ def _complete(call: StepCall, spec: AttemptSpec, value: Any, attempt: int, openi
     crashpoints.reach(crashpoints.AFTER_STEP_COMMITTED)
     call.executed()
     return value
+
+
+def _tool_completed(call: StepCall, result_text: str) -> NewEvent:
+    """The one event that records an IDEMPOTENT tool's opening and its result together."""
+    step = call.step
+    return (events.TOOL_COMPLETED, step.fingerprint, codec.pair(step.canonical, result_text))
 
 
 def schedule_retry(

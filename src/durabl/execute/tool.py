@@ -53,7 +53,7 @@ def execute(call: StepCall) -> Any:
         if explicit
         else None
     )
-    if claim is None and call.rec is None and tool.mode is ToolMode.IDEMPOTENT:
+    if not explicit and call.rec is None and tool.mode is ToolMode.IDEMPOTENT:
         return attempt_whole(call, tool, args, key, lambda: _spec(call, tool, args, key, None))
     return attempt(call, _spec(call, tool, args, key, claim))
 
