@@ -33,10 +33,14 @@ Databases live in a scratch folder on a real disk (never tmpfs: fsync must be re
    once per side, its files copied afresh for each resume), resumed in a fresh process:
    ``Runtime()`` + ``resume`` until it returns.
 4. Resume after a real SIGKILL: a fresh process runs W40 and its tool SIGKILLs the process on
-   entry to tool call 21 (20 tool calls committed); the files are copied twice; a new process
-   times ``Runtime(...)`` to the moment tool call 21 begins (the tool reads ``perf_counter`` on
-   entry), then a raw ``sqlite3.connect`` + ``SELECT * FROM events WHERE run_id=? ORDER BY seq``
-   (``events`` is both versions' log table) fetching every row of the second copy.
+   entry to tool call 21 (20 tool calls committed); the files are copied three times; a new
+   process times ``Runtime(...)`` to the moment tool call 21 begins (the tool reads
+   ``perf_counter`` on entry); then the floor: another new process (``bench/raw_read.py``,
+   standard library only) times a raw ``sqlite3.connect`` + ``SELECT * FROM events WHERE
+   run_id=? ORDER BY seq`` (``events`` is both versions' log table) fetching every row of the
+   second copy, so that it pays for a first connection in a new process as the resume does.
+   The resume's probe also reads the third copy raw after resuming, in its own process, where
+   SQLite has been used already: reported beside the floor, not used by any target.
    Process durability on both sides, here and in 3.
 5. Import: ``python -X importtime -c "import durabl"``: the cumulative microseconds on the
    ``durabl`` line, after both sides' packages are compiled to bytecode (as pip does on
@@ -93,6 +97,7 @@ from bench.harness import (
 SCHEMA = 1
 """Version of the layout of the JSON this script writes."""
 PROBE = Path(__file__).resolve().parent / "probe.py"
+RAW_READ = Path(__file__).resolve().parent / "raw_read.py"
 DEFAULT_BASELINE_VENV = ".bench-venvs/durabl010"
 SIDES = ("ours", "baseline")
 MODES = ("full", "process")
@@ -421,11 +426,11 @@ def resume_copy(
     s: Session, side: str, killed_db: Path, tag: str, run_id: str, tools: int, expect_call: int
 ) -> Any:
     """Resume a fresh copy of a killed run's files in a new process, which then reads a second
-    copy raw."""
-    db, raw_copy = s.path(f"{tag}.db"), s.path(f"{tag}-raw.db")
-    copy_database(killed_db, db)
-    copy_database(killed_db, raw_copy)
-    return s.probe(
+    copy raw; then read a third copy raw in a new process of its own (the floor)."""
+    db, raw_copy, floor_copy = (s.path(f"{tag}{name}.db") for name in ("", "-raw", "-floor"))
+    for copy in (db, raw_copy, floor_copy):
+        copy_database(killed_db, copy)
+    resumed = s.probe(
         side,
         "resume",
         db=db,
@@ -435,11 +440,28 @@ def resume_copy(
         raw_copy=raw_copy,
         expect_call=expect_call,
     )
+    done = subprocess.run(
+        [s.pythons[side], str(RAW_READ), "--db", str(floor_copy), "--run-id", run_id],
+        cwd=s.work,
+        env=probe_env(),
+        capture_output=True,
+        text=True,
+        timeout=PROBE_TIMEOUT_S,
+        check=True,
+    )
+    floor = json.loads(done.stdout.strip().splitlines()[-1])
+    if floor["raw_rows"] != resumed["raw_rows"]:
+        raise SystemExit(f"compare: the raw reads of {tag} disagree: {floor} and {resumed}")
+    return {
+        **resumed,
+        "raw_read_in_process_us": resumed["raw_read_us"],
+        "raw_read_us": floor["raw_read_us"],
+    }
 
 
 def resume_figures(probes: list[dict[str, Any]]) -> dict[str, Any]:
     """Resume timings in ms side by side, and each side's time to the first new step over the
-    raw read of its own log."""
+    raw read of its own log in a fresh process."""
 
     def ms(key: str) -> dict[str, Any]:
         return side_by_side(by_side(probes, lambda p: [p[key] / 1e3]))
@@ -449,6 +471,7 @@ def resume_figures(probes: list[dict[str, Any]]) -> dict[str, Any]:
         "runtime_and_resume_ms": ms("resume_total_us"),
         "runtime_construct_ms": ms("construct_us"),
         "raw_open_and_read_ms": ms("raw_read_us"),
+        "raw_open_and_read_after_resume_ms": ms("raw_read_in_process_us"),
         "raw_rows": {
             side: sorted(set(rows))
             for side, rows in by_side(probes, lambda p: [p["raw_rows"]]).items()
@@ -871,7 +894,12 @@ def render(report: dict[str, Any]) -> str:
         kill["runtime_to_first_new_step_ms"],
         "ms",
     )
-    row("after SIGKILL: raw open + read of the log", kill["raw_open_and_read_ms"], "ms")
+    row("after SIGKILL: raw open + read, own process", kill["raw_open_and_read_ms"], "ms")
+    row(
+        "after SIGKILL: raw open + read, after resume",
+        kill["raw_open_and_read_after_resume_ms"],
+        "ms",
+    )
     row("import durabl (cumulative)", f["import"]["cumulative_us"], "us")
     ins = f["instructions"]
     cells = [f"{ins[x]['w40_per_step']:,} ({ins[x]['overhead_per_step']:,})" for x in SIDES]

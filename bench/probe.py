@@ -49,9 +49,10 @@ from typing import Any
 import durabl
 from durabl import ModelCall, Runtime, ToolCall, tool, workflow
 
-# The W40 workload without any runtime, standard library only, shared with the throughput
-# probes (bench/throughput.py checks it against bench/workload.py); run as a script, this
-# file's folder (bench/) is on the path.
+# The raw read of a run's log (bench/raw_read.py), and the W40 workload without any runtime,
+# standard library only, shared with the throughput probes (bench/throughput.py checks it
+# against bench/workload.py); run as a script, this file's folder (bench/) is on the path.
+from raw_read import RAW_READ
 from throughput_peers.kit import STEPS, TOOL_CALLS, TOPIC, result_of
 from throughput_peers.kit import stub_model as stub_llm
 
@@ -85,8 +86,6 @@ STEP_ROWS_INSERT = (
     "(:run_id, :seq, 'TOOL_COMPLETED', :step, '[' || :canonical || ',' || :data || ']', :at_s, 0)"
 )
 STEP_EFFECT_INSERT = "INSERT INTO effects (key, run_id, step, result, at_s) VALUES (:key, :run_id, :step, :data, :at_s)"
-RAW_READ = "SELECT * FROM events WHERE run_id = ? ORDER BY seq"
-"""Both versions keep a run's log in ``events`` (run_id, seq, ...); this reads all of it."""
 
 
 # -- which durabl -----------------------------------------------------------------------------

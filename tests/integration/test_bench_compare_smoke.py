@@ -127,6 +127,9 @@ def test_floors(report: dict[str, Any]) -> None:
     assert all(filled > 0 for filled in floors["fill_commits_to_restart_the_wal"])
 
 
+PROBES_OF = {"long_resume": "long_resume_probes", "resume_after_kill": "kill_resume_probes"}
+
+
 def test_replay_and_resume_figures(report: dict[str, Any]) -> None:
     figures = report["figures"]
     replay = figures["dry_replay"]
@@ -140,6 +143,7 @@ def test_replay_and_resume_figures(report: dict[str, Any]) -> None:
             "runtime_and_resume_ms",
             "runtime_construct_ms",
             "raw_open_and_read_ms",
+            "raw_open_and_read_after_resume_ms",
         ):
             check_side_by_side(section[name], f"{part}.{name}")
         for side in SIDES:
@@ -148,6 +152,10 @@ def test_replay_and_resume_figures(report: dict[str, Any]) -> None:
             first = section["runtime_to_first_new_step_ms"][side]["median"]
             raw = section["raw_open_and_read_ms"][side]["median"]
             assert over == pytest.approx(first / raw, rel=1e-3)
+        # The floor is read in a process of its own, apart from the resume's probe: every
+        # probe has one of each, and they differ.
+        probes = report["samples"][PROBES_OF[part]]
+        assert all(p["raw_read_us"] != p["raw_read_in_process_us"] for p in probes)
     assert figures["long_resume"]["steps_completed_before_kill"] == report["plan"]["long_steps"]
     assert figures["resume_after_kill"]["killed_on_entry_to_tool_call"] == 21
 
