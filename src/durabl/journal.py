@@ -2,7 +2,9 @@
 
 Every write a drive makes goes through ``Journal.append``: the events for the step in hand and
 the run row's new status, timer, result or error, in one transaction, fenced by the run's lease
-token so that a stale owner's write is refused inside the database. After the database has
+token so that a stale owner's write is refused inside the database. The commit nearly every
+step makes, a tool call's completion with its side_effects row and nothing else, has a method
+of its own, ``append_tool_result``, which hands the store that commit's parts. After the database has
 taken a write, the journal folds the same events into the in-memory history, so the two never
 disagree.
 
@@ -34,6 +36,7 @@ from durabl.store.base import (
     RunRow,
     SideEffect,
     Store,
+    ToolResult,
 )
 
 KEEP = UNCHANGED
@@ -91,6 +94,10 @@ class Journal:
         self.token = token
         self.status = row.status
         self.error = row.error
+        self._plain = type(self).append is Journal.append
+        """Whether ``append`` is this class's own: a journal that plants a bug in it (the seam
+        above) has every write go through it, the tool results ``append_tool_result`` writes
+        too."""
 
     @property
     def store(self) -> Store:
@@ -164,6 +171,41 @@ class Journal:
         self.status = status
         self.error = error if error is not None else (None if clear_error else self.error)
 
+    def append_tool_result(
+        self, fp: str, data: str, key: str, tool: str, result_text: str, effect_at_s: float
+    ) -> None:
+        """``append`` of the commit nearly every step makes: a tool call's completion at the
+        step in hand (one event of ``data``, the step's fingerprint ``fp``) with the
+        side_effects row of its effect (``key``, ``tool``, ``result_text``, recorded at
+        ``effect_at_s``), durably. When the run is RUNNING with no error to clear and this
+        runtime has written to it before, that is all the transaction holds, and the store is
+        handed the parts (``Store.commit_tool_result``, a ``ToolResult``) instead of a ``Commit`` it would have
+        to take apart again; otherwise it goes through ``append``."""
+        writer = self.writer
+        if (
+            self._plain
+            and self.status == events.RUNNING
+            and self.error is None
+            and self.token is not None
+            and self.run_id in writer.written
+        ):
+            row = Event(
+                self.history.last_seq + 1,
+                events.TOOL_COMPLETED,
+                self.progress.position,
+                fp,
+                data,
+                writer.clock(),
+            )
+            writer.store.commit_tool_result(
+                ToolResult(self.run_id, self.token, row, key, tool, result_text, effect_at_s)
+            )
+            self.history.apply(row)
+            for observe in writer.observers:
+                observe(self.run_id, [row], self.history)
+            return
+        append_tool_result(self, fp, data, key, tool, result_text, effect_at_s)
+
     def _rows(self, new: list[NewEvent], position: int, now_s: float) -> list[Event]:
         rows: list[Event] = []
         seq = self.history.last_seq
@@ -223,4 +265,23 @@ class Journal:
             self.append([], status=status, error=error)
 
 
-__all__ = ["KEEP", "Journal", "NewEvent", "Writer"]
+def append_tool_result(
+    journal: Any, fp: str, data: str, key: str, tool: str, result_text: str, effect_at_s: float
+) -> None:
+    """``Journal.append_tool_result`` through ``journal.append``, the general write path: for
+    a journal whose run needs more in the transaction, and for a journal of another kind (a
+    Parallel's branch)."""
+    effect = SideEffect(
+        key=key,
+        run_id=journal.run_id,
+        step=journal.progress.position,
+        tool=tool,
+        args_fp=fp,
+        result_text=result_text,
+        error=None,
+        at_s=effect_at_s,
+    )
+    journal.append([(events.TOOL_COMPLETED, fp, data)], side_effect=effect, durable=True)
+
+
+__all__ = ["KEEP", "Journal", "NewEvent", "Writer", "append_tool_result"]

@@ -51,7 +51,7 @@ from durabl.errors import (
 from durabl.events import Event
 from durabl.store import Commit, KeyClaim, RunRow, SideEffect, SQLiteStore, Store
 from durabl.store import postgres as pg
-from durabl.store.base import UNCHANGED, Lease, ParentNote, Signal
+from durabl.store.base import UNCHANGED, Lease, ParentNote, Signal, ToolResult
 from durabl.store.postgres import PostgresStore
 from durabl.store.sqlite import APPLICATION_ID, SCHEMA_VERSION, Q
 from durabl.store.sqlite_errors import storage_error
@@ -1171,6 +1171,54 @@ class TestStoreContract:
         store.commit(Commit("run-1", [gone], side_effect=failed, fence=token))
         assert store.load_log("run-1")[-1] == gone
         assert store.side_effect("k-3") == failed
+
+    def test_a_tool_result_from_its_parts_is_the_commit_it_stands_for(self, store: Store) -> None:
+        """``commit_tool_result`` writes what ``commit`` writes for the ``Commit`` its parts
+        stand for (``ToolResult.commit``), and is refused where that commit is, whole: a stale
+        fence, a gap in the log, a key already taken."""
+        runs = ("by-parts", "by-commit")
+        for run_id in runs:
+            new_run(store, run_id)
+            assert store.take_lease(run_id, 0, lease("me")) == 1
+
+        def parts(run_id: str, seq: int, key: str, fence: int = 1) -> ToolResult:
+            done = Event(seq, events.TOOL_COMPLETED, seq, "ab" * 10, '[["t"],"ok"]', T0_S + seq)
+            return ToolResult(run_id, fence, done, key, "send_email", '"ok"', T0_S + 50 + seq)
+
+        for seq in (2, 3):
+            store.commit_tool_result(parts("by-parts", seq, f"by-parts-{seq}"))
+            store.commit(parts("by-commit", seq, f"by-commit-{seq}").commit())
+        for seq in (2, 3):
+            found = [store.side_effect(f"{run_id}-{seq}") for run_id in runs]
+            assert found[0] == SideEffect(
+                key=f"by-parts-{seq}",
+                run_id="by-parts",
+                step=seq,
+                tool="send_email",
+                args_fp="ab" * 10,
+                result_text='"ok"',
+                error=None,
+                at_s=T0_S + 50 + seq,
+            )
+            assert found[1] == replace(found[0], key=f"by-commit-{seq}", run_id="by-commit")
+        logs = [store.load_log(run_id)[1:] for run_id in runs]  # after each one's RUN_STARTED
+        assert logs[0] == logs[1]
+        assert [e.seq for e in logs[0]] == [2, 3]
+        rows = [row_of(store, run_id) for run_id in runs]
+        assert rows[0] == replace(rows[1], run_id="by-parts")
+        keys = ("by-parts-2", "fresh")
+        before = state_of(store, "by-parts", keys)
+        for wrong, refused_as in (
+            (parts("by-parts", 4, "fresh", fence=2), LeaseLost),
+            (parts("by-parts", 5, "fresh"), LogGapError),
+            (parts("by-parts", 4, "by-parts-2"), SideEffectExistsError),
+        ):
+            with pytest.raises(refused_as):
+                store.commit_tool_result(wrong)
+            assert state_of(store, "by-parts", keys) == before
+            with pytest.raises(refused_as):
+                store.commit(wrong.commit())
+            assert state_of(store, "by-parts", keys) == before
 
     def test_an_eventless_commit_with_a_stale_token_writes_nothing_else_either(
         self, store: Store

@@ -151,11 +151,8 @@ def attempt_whole(
         text, value = codec.round_trip(value)
     except EncodingError:  # the loop's completion records why, and the key as spent
         return _complete(call, spec_of(), value, 1, _whole_opening(call, key))
-    call.journal.append(
-        [_tool_completed(call, text)],
-        side_effect=_effect(call, key, tool.name, result_text=text),
-        durable=True,
-    )
+    data = _completion_data(call, text)
+    call.journal.append_tool_result(call.step.fingerprint, data, key, tool.name, text, call.now())
     crashpoints.reach(crashpoints.AFTER_STEP_COMMITTED)
     call.executed()
     return value
@@ -273,8 +270,12 @@ def _complete(call: StepCall, spec: AttemptSpec, value: Any, attempt: int, openi
 
 def _tool_completed(call: StepCall, result_text: str) -> NewEvent:
     """The one event that records an IDEMPOTENT tool's opening and its result together."""
-    step = call.step
-    return (events.TOOL_COMPLETED, step.fingerprint, codec.pair(step.canonical, result_text))
+    return (events.TOOL_COMPLETED, call.step.fingerprint, _completion_data(call, result_text))
+
+
+def _completion_data(call: StepCall, result_text: str) -> str:
+    """A TOOL_COMPLETED's data: the step's canonical text and its result, as one pair."""
+    return codec.pair(call.step.canonical, result_text)
 
 
 def schedule_retry(

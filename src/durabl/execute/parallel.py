@@ -28,7 +28,7 @@ from durabl import codec, crashpoints, events, replay
 from durabl.errors import NonDeterminismError, StepFailed
 from durabl.execute.base import StepCall
 from durabl.flow import Hold, Park
-from durabl.journal import KEEP, Journal, NewEvent
+from durabl.journal import KEEP, Journal, NewEvent, append_tool_result
 from durabl.replay import History, StepRecord
 from durabl.states import Progress
 from durabl.steps import Parallel, Step
@@ -76,6 +76,11 @@ class Branch:
             self.journal.append(
                 new, status=status, step=self.progress.position, wake_at_s=KEEP, **changes
             )
+
+    def append_tool_result(
+        self, fp: str, data: str, key: str, tool: str, result_text: str, effect_at_s: float
+    ) -> None:
+        append_tool_result(self, fp, data, key, tool, result_text, effect_at_s)
 
     def started(self, step: Step) -> list[NewEvent]:
         with self.siblings.lock:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from durabl.errors import RunNotFoundError
 from durabl.events import Event
@@ -127,6 +127,39 @@ class Commit:
     run that has ended, or does not exist."""
 
 
+class ToolResult(NamedTuple):
+    """The commit nearly every step makes, in parts: ``event``, a tool call's completion whose
+    fp is the step's fingerprint, appended to ``run_id``'s log under the lease token ``fence``,
+    and the side_effects row of its effect, which succeeded: ``key``, ``tool`` and
+    ``result_text``, recorded at ``effect_at_s``. A tuple, where a ``Commit`` is a dataclass of
+    eighteen fields: it is made once per step."""
+
+    run_id: str
+    fence: int
+    event: Event
+    key: str
+    tool: str
+    result_text: str
+    effect_at_s: float
+
+    def commit(self) -> Commit:
+        """The ``Commit`` these parts stand for, durable and fenced."""
+        run_id, fence, event, key, tool, result_text, effect_at_s = self
+        effect = SideEffect(
+            key=key,
+            run_id=run_id,
+            step=event.step,
+            tool=tool,
+            args_fp=event.fp or "",
+            result_text=result_text,
+            error=None,
+            at_s=effect_at_s,
+        )
+        return Commit(
+            run_id, [event], side_effect=effect, durable=True, at_s=event.at_s, fence=fence
+        )
+
+
 @dataclass(slots=True, frozen=True, kw_only=True)
 class Signal:
     """An answer from outside, sent to a run for the waits of one name."""
@@ -183,6 +216,11 @@ class Store(Protocol):
         returns. With a ``fence``, the whole commit is refused with ``LeaseLost`` unless the
         run's lease token is still ``fence``.
         """
+
+    def commit_tool_result(self, result: ToolResult) -> None:
+        """``commit(result.commit())``, with the same refusals: the event appended and its
+        side_effects row inserted, in ONE durable transaction fenced by ``result.fence``, the
+        run row left as it is. The store need not build the ``Commit`` to tell it apart."""
 
     def send_signal(self, run_id: str, name: str, payload_text: str, sent_s: float) -> int:
         """Keep a signal for the run, durably, in ONE transaction with its wake-up: a run

@@ -58,6 +58,7 @@ from durabl.store.base import (
     RunRow,
     SideEffect,
     Signal,
+    ToolResult,
 )
 from durabl.store.pg_server import (
     POOL_SIZE,
@@ -344,6 +345,9 @@ class PostgresStore(Server):
                     path=self.path, key=effect.key, run_id=effect.run_id, step=effect.step
                 ) from None
             raise
+
+    def commit_tool_result(self, result: ToolResult) -> None:
+        self.commit(result.commit())  # a round trip is the cost here, not building the Commit
 
     def send_signal(self, run_id: str, name: str, payload_text: str, sent_s: float) -> int:
         from durabl.store.sqlite import check_signal_target

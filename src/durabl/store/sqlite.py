@@ -41,7 +41,16 @@ from durabl.errors import (
     StoreClosedError,
 )
 from durabl.events import TERMINAL_STATUSES, Event
-from durabl.store.base import UNCHANGED, Commit, KeyClaim, Lease, RunRow, SideEffect, Signal
+from durabl.store.base import (
+    UNCHANGED,
+    Commit,
+    KeyClaim,
+    Lease,
+    RunRow,
+    SideEffect,
+    Signal,
+    ToolResult,
+)
 from durabl.store.connection import open_database
 from durabl.store.files import file_bytes
 from durabl.store.records import (
@@ -246,6 +255,14 @@ class SQLiteStore:
             changed = self._apply(self._statements(commit), commit.durable)
         if commit.fence is not None and not commit.events and changed == 0:
             raise LeaseLost(run_id=commit.run_id, token=commit.fence)
+
+    def commit_tool_result(self, result: ToolResult) -> None:
+        run_id, fence, event, key, tool, result_text, effect_at_s = result
+        _, _, step, fp, _, _ = event
+        statement = _event_with_result(
+            run_id, fence, event, key, run_id, step, tool, fp, result_text, effect_at_s
+        )
+        self._apply([statement], True)
 
     def _statements(self, commit: Commit) -> list[_Written]:
         """What ``commit`` writes, in order; the run row's update comes last, so that its
@@ -679,14 +696,32 @@ def _result_statement(c: Commit) -> _Written:
     """``insert_event_with_result`` for a commit ``_only_a_result`` accepts, its parameters
     bound in order: the same statement ``_statements`` makes, without a mapping built on every
     step to be taken apart again."""
-    effect = c.side_effect
-    assert effect is not None
-    seq, kind, step, fp, data, at_s = c.events[0]
+    e = c.side_effect
+    assert e is not None
+    return _event_with_result(
+        c.run_id, c.fence, c.events[0], e.key, e.run_id, e.step, e.tool, e.args_fp,
+        e.result_text, e.at_s,
+    )  # fmt: skip
+
+
+def _event_with_result(
+    run_id: str,
+    fence: int | None,
+    event: Event,
+    key: str,
+    effect_run_id: str,
+    effect_step: int,
+    tool: str,
+    args_fp: str | None,
+    result_text: str | None,
+    effect_at_s: float,
+) -> _Written:
+    """``insert_event_with_result``'s parameters, in order, with the event's checksum."""
+    seq, kind, step, fp, data, at_s = event
     crc = codec.checksum(seq, kind, step, fp, data, at_s)
     return "insert_event_with_result", (
-        c.run_id, seq, kind, step, fp, data, at_s, crc, c.fence,
-        effect.key, effect.run_id, effect.step, effect.tool, effect.args_fp, effect.result_text,
-        effect.at_s,
+        run_id, seq, kind, step, fp, data, at_s, crc, fence,
+        key, effect_run_id, effect_step, tool, args_fp, result_text, effect_at_s,
     )  # fmt: skip
 
 
