@@ -1,12 +1,12 @@
 """The one write path: how a pass through a run appends to its log and changes its row.
 
-Every write a drive makes goes through ``Journal.append``: the events for the step in hand and
-the run row's new status, timer, result or error, in one transaction, fenced by the run's lease
-token so that a stale owner's write is refused inside the database. The commit nearly every
-step makes, a tool call's completion with its side_effects row and nothing else, has a method
-of its own, ``append_tool_result``, which hands the store that commit's parts. After the database has
-taken a write, the journal folds the same events into the in-memory history, so the two never
-disagree.
+Every write a drive makes goes through the journal. ``Journal.append`` writes the events for
+the step in hand and the run row's new status, timer, result or error, in one transaction,
+fenced by the run's lease token so that a stale owner's write is refused inside the database.
+The commit nearly every step makes, a tool call's completion with its side_effects row and
+nothing else, has a method of its own, ``append_tool_result``, which hands the store that
+commit's parts. After the database has taken a write, the journal folds the same events into
+the in-memory history, so the two never disagree.
 
 ``Writer`` is what every journal of one runtime instance shares: the store, the clock, the
 process boundary, and which runs this instance has written to. The first write it makes to a run
@@ -179,8 +179,8 @@ class Journal:
         side_effects row of its effect (``key``, ``tool``, ``result_text``, recorded at
         ``effect_at_s``), durably. When the run is RUNNING with no error to clear and this
         runtime has written to it before, that is all the transaction holds, and the store is
-        handed the parts (``Store.commit_tool_result``, a ``ToolResult``) instead of a ``Commit`` it would have
-        to take apart again; otherwise it goes through ``append``."""
+        handed the parts (a ``ToolResult``, to ``Store.commit_tool_result``) instead of a
+        ``Commit`` it would have to take apart again; otherwise it goes through ``append``."""
         writer = self.writer
         if (
             self._plain
