@@ -404,8 +404,10 @@ class Engine:
             dry=token is None,
             stopping=lambda: self.halted,
         )
-        if token is not None and self._parent_cancelled(journal):
-            return drive
+        if token is not None:
+            if self._parent_cancelled(journal):
+                return drive
+            self.leaser.renew()  # the workflow and its steps take as long as they take
         drive.run()
         if drive.hold is not None:
             raise drive.hold
@@ -464,7 +466,9 @@ class Engine:
             return []
         claimed = claim(self.leaser.lease(), self.clock(), limit)
         for run_id, token in claimed:
-            self.leaser.hold(run_id, token)  # renewed until the drive takes it on
+            self.leaser.hold(run_id, token)
+        if claimed:
+            self.leaser.renew()  # each waits for a drive to take it on
         return [run_id for run_id, _ in claimed]
 
     def watch(self, on_work: Callable[[], None]) -> Callable[[], None] | None:

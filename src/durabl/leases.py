@@ -45,10 +45,14 @@ _driving_lock = threading.Lock()
 def _stat(pid: int) -> list[str] | None:
     """The fields of ``/proc/PID/stat`` after the command name (Linux): state first."""
     try:
-        # Bytes, decoded with the codec every interpreter has loaded: naming "ascii" would
-        # import its codec module on the way to the first lease.
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read().decode("utf-8", errors="replace")
+        # A file descriptor, not a file object: the file is small, and read once on the way
+        # to a process's first lease. Its bytes are decoded with the codec every interpreter
+        # has loaded: naming "ascii" would import its codec module.
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+        try:
+            stat = os.read(fd, 4096).decode("utf-8", errors="replace")
+        finally:
+            os.close(fd)
     except OSError:
         return None
     return stat[stat.rfind(")") + 2 :].split()
@@ -127,14 +131,9 @@ def driving(run_id: str, owner: str) -> Iterator[None]:
 class Leaser:
     """Takes, renews and releases the leases of one runtime instance."""
 
-    store: Store
-    """The database the leases are in; a runtime sets it once its database is open, before
-    it takes any lease."""
-
-    def __init__(self, store: Store | None, owner: str, lease_s: float = LEASE_S) -> None:
+    def __init__(self, store: Store, owner: str, lease_s: float = LEASE_S) -> None:
         check_seconds("lease_s", lease_s)
-        if store is not None:
-            self.store = store
+        self.store = store
         self.owner = owner
         self.lease_s = lease_s
         self.held: dict[str, int] = {}
@@ -191,9 +190,9 @@ class Leaser:
         return token
 
     def hold(self, run_id: str, token: int) -> None:
-        with self._lock:  # also keeps two first holds from starting two heartbeats
+        """Note a lease taken; its renewals begin once ``renew`` has started the heartbeat."""
+        with self._lock:
             self.held[run_id] = token
-            self._start_heartbeat()
 
     def release(self, run_id: str) -> None:
         with self._lock:
@@ -211,24 +210,26 @@ class Leaser:
         if self._heartbeat is not None and self._heartbeat != threading.get_ident():
             self._beat_ended.wait(timeout=5)
 
-    def start(self) -> None:
-        """Start the heartbeat now, before any lease is held: a runtime starts it while its
-        database opens, so that its thread is up by the first lease (see ``_start_heartbeat``)."""
-        with self._lock:
-            self._start_heartbeat()
+    def renew(self) -> None:
+        """Keep every held lease renewed from now on: start the heartbeat, if it has not
+        started. A holder calls it before it runs anything whose length it does not bound (a
+        workflow and its steps, a batch of claimed runs waiting for their drives, a
+        compaction); reading the run and its log under a fresh lease needs no renewal.
 
-    def _start_heartbeat(self) -> None:
-        # A bare thread: threading.Thread.start would wait for the new thread to run before
-        # returning, and the first lease is taken on the way to a resumed run's first step.
-        # Like a daemon thread, it does not hold up the interpreter's exit.
+        The heartbeat is a bare thread: ``threading.Thread.start`` would wait for the new thread
+        to run before returning. Like a daemon thread, it does not hold up the interpreter's
+        exit. Started this late, its first run overlaps the holder's first step, not the reads
+        before it: each of them hands the GIL over while SQLite works, and a new thread taking
+        it then makes the holder wait for it back."""
         if self._heartbeat is None:
-            self._heartbeat = _thread.start_new_thread(self._beat, ())
+            with self._lock:  # two first holders must not start two heartbeats
+                if self._heartbeat is None:
+                    self._heartbeat = _thread.start_new_thread(self._beat, ())
 
     def _beat(self) -> None:
         """Renew every held lease each third of its length (see ``RENEW_MAX_S``). No fsync: a
         renewal lost to a power cut only makes a lease expire sooner, which costs a takeover,
         never a duplicate."""
-        own_start()  # read here, beside the caller's work, not on the way to its first lease
         try:
             self._renew_until_stopped()
         finally:

@@ -264,6 +264,7 @@ def compact_run(engine: Engine, run_id: str, keep_last: int) -> RunCompaction | 
     """Fold one run's resolved prefix, less its last ``keep_last`` steps, in one transaction
     under its lease; None when there is nothing new to fold."""
     with engine.owning(run_id) as (_, token):
+        engine.leaser.renew()  # a long log takes a while to read and fold
         watermark, snapshot, log = engine.store.load_history(run_id)
         history = History.from_events(run_id, log, watermark=watermark, snapshot=snapshot)
         position, seq = history.foldable(keep_last)

@@ -99,21 +99,12 @@ class Runtime(AsyncRuntime):
         registered_workflows = build_workflow_registry(workflows)
         self._retry = retry or RetryPolicy()
         self.instance_id = os.urandom(16).hex()  # 32 hex digits, as uuid4().hex, without uuid
-        # The heartbeat's thread starts before the database opens: opening (reading the file
-        # header, recovering its WAL) runs without the GIL, so the thread gets going meanwhile
-        # instead of on the way to the first run's first step.
-        self._leaser = leaser = leases.Leaser(None, self.instance_id, lease_s)
-        leaser.start()
-        try:
-            self.store: Store = (
-                store
-                if store is not None
-                else open_store("durabl.db" if db is None else db, durability=durability)
-            )
-        except BaseException:
-            leaser.close()
-            raise
-        leaser.store = self.store
+        self.store: Store = (
+            store
+            if store is not None
+            else open_store("durabl.db" if db is None else db, durability=durability)
+        )
+        self._leaser = leases.Leaser(self.store, self.instance_id, lease_s)
         # A database that several hosts share keeps its own clock (PostgreSQL's), by which
         # timers are armed and fired; a file on one host goes by that host's.
         user_clock: Callable[[], float] = (

@@ -583,10 +583,12 @@ class SQLiteStore:
 
     def load_history(self, run_id: str) -> tuple[int, str | None, list[Event]]:
         whose = {"run_id": run_id, "after_seq": 0}
-        with self.reading() as conn:  # a compaction cannot tear the two reads
+        with self._read() as conn:  # one statement sees one state of the file
             rows = _log_rows(conn, whose)
-            if rows and rows[0][0] == 1:
-                return 0, None, self._verified(run_id, rows)  # never compacted: see Store
+        if rows and rows[0][0] == 1:
+            return 0, None, self._verified(run_id, rows)  # never compacted: see Store
+        with self.reading() as conn:  # read again: a compaction cannot tear the two reads
+            rows = _log_rows(conn, whose)
             found = conn.execute(Q["get_snapshot"], whose).fetchone()
         if found is None:
             return 0, None, []
