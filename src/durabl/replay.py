@@ -314,17 +314,24 @@ def _step_completed(h: History, e: Event) -> None:
 
 def _tool_completed(h: History, e: Event) -> None:
     # ``record``, inline: a replay folds one of these for nearly every step of a run.
+    seq = e.seq
     rec = h.steps.get(e.step)
     if rec is None:
-        rec = h.steps[e.step] = StepRecord(e.step, e.fp or "", e.seq)
-    rec.last_seq = e.seq
+        # The step's one event, nearly always: the record is made finished, its fields given
+        # in order (position, fp, first_seq, _canonical, attempts, dispatched, done), which
+        # the dataclass's __init__ takes faster than by keyword.
+        rec = h.steps[e.step] = StepRecord(e.step, e.fp or "", seq, None, 1, False, True)
+        rec.last_seq = rec.done_seq = seq
+        rec._pair = e.data or "[null,null]"  # split when first read (see StepRecord._pair)
+        return
+    rec.last_seq = seq
     if rec._pair is not None:  # a second completion of the step: the first's text goes
         rec._split()
-    rec._pair = e.data or "[null,null]"  # split when first read (see StepRecord._pair)
+    rec._pair = e.data or "[null,null]"
     rec.attempts += 1
     rec.dispatched = False
     rec.done = True  # the rest is _finish, inline
-    rec.done_seq = e.seq
+    rec.done_seq = seq
     rec.wake_at_s = None
     rec.dead = False
 

@@ -166,7 +166,7 @@ def test_the_operator_had_work_and_shared_keys_were_contended(tally: grid.Tally)
 def test_crash_points_are_off_once_the_grid_is_done(tally: grid.Tally) -> None:
     """Production has no hook: the harness leaves none behind."""
     assert tally.verdicts
-    assert crashpoints._hooks == []
+    assert crashpoints.hooks == []
 
 
 def test_patch_markers_end_where_the_uncrashed_run_recorded_them(tally: grid.Tally) -> None:

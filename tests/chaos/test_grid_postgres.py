@@ -166,4 +166,4 @@ def test_the_uncrashed_runs_are_the_same_on_both_backends(sample: Sample) -> Non
 
 def test_crash_points_are_off_once_the_sample_is_done(sample: Sample) -> None:
     assert sample.verdicts
-    assert crashpoints._hooks == []
+    assert crashpoints.hooks == []

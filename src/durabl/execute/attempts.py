@@ -135,9 +135,10 @@ def attempt_whole(
     loop, without the spec, the dispatch and the opening the loop builds for every attempt:
     ``spec_of`` makes the spec only if the call raises or its result cannot be recorded, and
     the loop takes over from there."""
-    crashpoints.reach(crashpoints.BEFORE_STEP_STARTED)
-    crashpoints.reach(crashpoints.AFTER_STEP_STARTED)
-    crashpoints.reach(crashpoints.AFTER_TOOL_DISPATCHED)
+    if crashpoints.hooks:  # the three points before the call, passed as the loop does
+        crashpoints.reach(crashpoints.BEFORE_STEP_STARTED)
+        crashpoints.reach(crashpoints.AFTER_STEP_STARTED)
+        crashpoints.reach(crashpoints.AFTER_TOOL_DISPATCHED)
     try:
         value = call.services.call_tool(tool, args)
     except (Hold, Park):
@@ -146,14 +147,16 @@ def attempt_whole(
         spec = spec_of()
         _failed(call, spec, exc, 1, _whole_opening(call, key))
         return attempt(call, spec, number=2)
-    crashpoints.reach(crashpoints.AFTER_TOOL_RETURNED)
+    if crashpoints.hooks:
+        crashpoints.reach(crashpoints.AFTER_TOOL_RETURNED)
     try:
         text, value = codec.round_trip(value)
     except EncodingError:  # the loop's completion records why, and the key as spent
         return _complete(call, spec_of(), value, 1, _whole_opening(call, key))
     data = _completion_data(call, text)
     call.journal.append_tool_result(call.step.fingerprint, data, key, tool.name, text, call.now())
-    crashpoints.reach(crashpoints.AFTER_STEP_COMMITTED)
+    if crashpoints.hooks:
+        crashpoints.reach(crashpoints.AFTER_STEP_COMMITTED)
     call.executed()
     return value
 
