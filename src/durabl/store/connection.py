@@ -18,7 +18,11 @@ from durabl.store.files import check_file, is_current_durabl
 from durabl.store.schema import APPLICATION_ID, SCHEMA_VERSION, Q, migrate
 from durabl.store.sqlite_errors import storage_error
 
-BUSY_TIMEOUT_MS = 30_000
+BUSY_TIMEOUT_S = 30.0
+"""How long a statement waits for another connection's lock before SQLITE_BUSY. Given to
+``sqlite3.connect`` (which sets SQLite's busy timeout through its C API at once), not as a
+``PRAGMA busy_timeout``: that is a statement to prepare, a connection's first, on the way to
+a resumed run's first step."""
 
 _URI_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~/")
 
@@ -46,15 +50,22 @@ def _open(path: str, *, read_only: bool, writer: bool, current: bool = False) ->
     try:
         if read_only:
             uri = file_uri(path, "mode=ro")
-            conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+            conn = sqlite3.connect(
+                uri,
+                timeout=BUSY_TIMEOUT_S,
+                uri=True,
+                isolation_level=None,
+                check_same_thread=False,
+            )
             conn.execute("PRAGMA query_only = ON")
         else:
-            conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            conn = sqlite3.connect(
+                path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+            )
     except sqlite3.Error as exc:
         raise storage_error(path, exc) from None
     conn.row_factory = sqlite3.Row
     try:
-        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         identity = _check_identity(path, conn, writer=writer, current=current)
         if not read_only:
             _prepare_for_writing(path, conn, identity, wal=current)

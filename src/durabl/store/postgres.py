@@ -188,9 +188,8 @@ class PostgresStore(Server):
         return self._do(work, write=True, durable=True, landed=landed)
 
     def _get_run(self, conn: psycopg.Connection[Any], run_id: str) -> RunRow | None:
-        found = conn.cursor(row_factory=dict_row).execute(PQ["get_run"], {"run_id": run_id})
-        one = found.fetchone()
-        return None if one is None else run_row(one)  # type: ignore[arg-type]
+        one = conn.execute(PQ["get_run"], {"run_id": run_id}).fetchone()
+        return None if one is None else run_row(one)
 
     def get_run(self, run_id: str) -> RunRow | None:
         return self._do(lambda conn: self._get_run(conn, run_id))
@@ -208,8 +207,7 @@ class PostgresStore(Server):
             query = PQ["list_runs_by_status"]
 
         def work(conn: psycopg.Connection[Any]) -> list[RunRow]:
-            rows = conn.cursor(row_factory=dict_row).execute(query, wanted).fetchall()
-            return [run_row(r) for r in rows]  # type: ignore[arg-type]
+            return [run_row(r) for r in conn.execute(query, wanted).fetchall()]
 
         return self._do(work)
 
@@ -226,7 +224,9 @@ class PostgresStore(Server):
         bad = codec.first_corrupt(rows)
         if bad is not None:
             raise EventChecksumError(path=self.path, run_id=run_id, seq=bad)
-        return [Event(seq, kind, step, fp, data, at_s) for seq, kind, step, fp, data, at_s, _ in rows]
+        return [
+            Event(seq, kind, step, fp, data, at_s) for seq, kind, step, fp, data, at_s, _ in rows
+        ]
 
     def _insert_events(
         self, conn: psycopg.Connection[Any], run_id: str, appended: list[Event], fence: int | None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-import sqlite3
+from collections.abc import Sequence
 from typing import Any
 
 from durabl import codec
@@ -56,12 +56,28 @@ def parameters_of(record: Any, **extra: Any) -> dict[str, Any]:
     return params
 
 
-def run_row(row: sqlite3.Row) -> RunRow:
-    """A runs row, selected with its columns named after the fields of RunRow and Lease."""
-    fields = dict(row)
-    lease = {name: fields.pop(name) for name in _LEASE_FIELDS}
-    held = None if lease["owner"] is None else Lease(**lease, token=fields["lease_token"])
-    return RunRow(**fields, lease=held)
+def run_row(row: Sequence[Any]) -> RunRow:
+    """A runs row, selected as every query of the runs selects it (both backends): RunRow's
+    fields in order, the lease's five (owner, pid, host, started, expires_s) where its
+    ``lease`` is, and ``lease_token`` last. Taken by position: reading each column by its
+    name cost a fifth of a resumed run's first read of its row."""
+    (
+        run_id, workflow, input_text, status, result_text, error, created_s, updated_s,
+        wake_at_s, watermark, owner, pid, host, started, expires_s, lease_token,
+    ) = row  # fmt: skip
+    lease = (
+        None
+        if owner is None
+        else Lease(
+            owner=owner, pid=pid, host=host, started=started, expires_s=expires_s,
+            token=lease_token,
+        )
+    )  # fmt: skip
+    return RunRow(
+        run_id=run_id, workflow=workflow, input_text=input_text, status=status,
+        result_text=result_text, error=error, created_s=created_s, updated_s=updated_s,
+        wake_at_s=wake_at_s, watermark=watermark, lease=lease, lease_token=lease_token,
+    )  # fmt: skip
 
 
 def event_insert(run_id: str, e: Event, fence: int | None) -> Statement:
