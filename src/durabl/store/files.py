@@ -8,6 +8,7 @@ shorter than its own header says are all refused here, by looking, before any co
 from __future__ import annotations
 
 import os
+import stat
 
 from durabl.errors import (
     DirectoryNotFileError,
@@ -25,9 +26,12 @@ HEADER_BYTES = 100
 def check_file(path: str, *, read_only: bool) -> bytes | None:
     """Refuse foreign, truncated or newer files before SQLite gets a chance to touch them.
     Returns the file's 100-byte header, or None for a missing or empty file."""
-    if os.path.isdir(path):
+    # One stat for what isdir, exists and getsize would each ask, and the header read through
+    # a file descriptor: this runs on the way to every resumed run's first step.
+    found = _stat(path)
+    if found is not None and stat.S_ISDIR(found.st_mode):
         raise DirectoryNotFileError(path=path)
-    if not os.path.exists(path):
+    if found is None:
         if read_only:
             raise MissingFileError(path=path)
         parent = os.path.dirname(os.path.abspath(path))
@@ -39,13 +43,16 @@ def check_file(path: str, *, read_only: bool) -> bytes | None:
         _check_writable_dir(path)
         if not os.access(path, os.W_OK):
             raise ReadOnlyPathError(path=path)
-    size = os.path.getsize(path)
+    size = found.st_size
     if size == 0:
         if read_only:
             raise EmptyFileError(path=path)
         return None
-    with open(path, "rb") as handle:
-        header = handle.read(HEADER_BYTES)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        header = os.read(fd, HEADER_BYTES)
+    finally:
+        os.close(fd)
     if len(header) < HEADER_BYTES or not header.startswith(SQLITE_MAGIC):
         raise NotSQLiteError(path=path)
     promised = _promised_bytes(header)
@@ -80,9 +87,17 @@ def _promised_bytes(header: bytes) -> int | None:
     return pages * page_size
 
 
+def _stat(path: str) -> os.stat_result | None:
+    """``os.stat``, or None where ``os.path.exists`` would say False."""
+    try:
+        return os.stat(path)
+    except (OSError, ValueError):
+        return None
+
+
 def _wal_in_use(path: str) -> bool:
-    wal = f"{path}-wal"
-    return os.path.exists(wal) and os.path.getsize(wal) > 0
+    found = _stat(f"{path}-wal")
+    return found is not None and found.st_size > 0
 
 
 def _check_writable_dir(path: str) -> None:
