@@ -206,8 +206,7 @@ class Drive:
             if crashpoints.hooks:  # ``reach``'s own test, without its call at every step served
                 crashpoints.reach(crashpoints.DURING_REPLAY)
             if type(step) is ToolCall:  # nearly every step served: its result as recorded
-                # ``result_text`` without the property: ``decide`` has split the record.
-                return codec.decode(rec._result_text or "null")
+                return codec.decode(rec.result_text or "null")
             if isinstance(step, ContinueAsNew):
                 raise Park()  # the run went on as another: nothing after the yield runs here
             return step.served(codec.decode(rec.result_text or "null"))
