@@ -787,6 +787,30 @@ class TestStoreContract:
         assert "checksum" in str(caught.value)
         assert damaged.get_run("run-1") is not None
 
+    def test_an_event_an_older_durabl_checksummed_is_read_as_it_was_written(
+        self, store: Store, backend: Backend, opened: list[Store]
+    ) -> None:
+        """Rows stored before checksum format 1 keep their format 0 crcs, and still hold."""
+        new_run(store)
+        store.commit(Commit("run-1", [event(2), event(3), event(4)]))
+        log = store.load_log("run-1")
+        older = backend.damage_event(store, "run-1", 3, "crc", codec.checksum_format_0(*log[2]))
+        opened.append(older)
+        assert older.load_log("run-1") == log
+
+    @pytest.mark.parametrize("named", ["format 0", "format 2"])
+    def test_an_event_whose_crc_names_another_format_is_refused_on_read(
+        self, store: Store, backend: Backend, opened: list[Store], named: str
+    ) -> None:
+        new_run(store)
+        store.commit(Commit("run-1", [event(2), event(3), event(4)]))
+        crc = codec.checksum(*store.load_log("run-1")[2])
+        other = crc & 0xFFFFFFFF if named == "format 0" else crc + codec.CHECKSUM_FORMAT_1
+        damaged = backend.damage_event(store, "run-1", 3, "crc", other)
+        opened.append(damaged)
+        with pytest.raises(StorageError, match="seq 3 of run run-1 fails its checksum"):
+            damaged.load_log("run-1")
+
     # -- compact, load_history, reclaim ----------------------------------------------------
 
     def test_compact_folds_the_prefix_and_deletes_exactly_its_events(self, store: Store) -> None:

@@ -28,7 +28,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from durabl import ModelCall, Runtime, Sleep, ToolCall, WaitSignal, tool, workflow
+from durabl import ModelCall, Runtime, Sleep, ToolCall, WaitSignal, codec, tool, workflow
 from durabl.crashpoints import CrashAt, ProcessDeath
 from durabl.errors import (
     CopyMismatchError,
@@ -42,6 +42,7 @@ from durabl.errors import (
 )
 from durabl.store import SQLiteStore, Store, open_store, transfer
 from durabl.store.base import Signal
+from durabl.store.doctor import examine
 from durabl.store.transfer import CHECKING, COPYING, VERIFYING, copy_database
 
 SERVER = "postgresql://127.0.0.1:5432"
@@ -468,6 +469,62 @@ def test_a_file_from_before_signals_is_refused_until_a_runtime_migrates_it(
     with _runtime(url) as rt:
         assert rt.result("before-signals") == "plan: plan for before-signals"
         assert rt.store.signals("before-signals") == []
+
+
+def _crc_formats(db: Path | str, run_id: str) -> set[int]:
+    if isinstance(db, str):
+        with psycopg.connect(db) as conn:
+            found = conn.execute("SELECT crc FROM durabl.events WHERE run_id = %s", (run_id,))
+            return {crc >> 32 for (crc,) in found.fetchall()}
+    found = _sqlite_rows(db, f"SELECT crc FROM events WHERE run_id = '{run_id}'")
+    return {crc >> 32 for (crc,) in found}
+
+
+def test_a_log_an_older_durabl_checksummed_is_read_extended_and_copied(
+    tmp_path: Path, database: Callable[[], str]
+) -> None:
+    """A v5 file's events carry format 0 crcs. A runtime opens it (to v6) and replays and goes
+    on with it as it is; the runs it writes then carry format 1, doctor finds the file whole,
+    and both formats arrive on PostgreSQL and hold there: one run's log holds both."""
+    old = tmp_path / "v5.db"
+    with _runtime(old) as rt:
+        assert rt.run(chain, {"steps": 2}, run_id="before").status == "COMPLETED"
+        assert rt.run(sleeper, run_id="sleeping").status == "SLEEPING"
+    with contextlib.closing(sqlite3.connect(old)) as conn:
+        (guard,) = conn.execute(
+            "SELECT sql FROM sqlite_master WHERE name = 'events_append_only'"
+        ).fetchone()
+        conn.execute("DROP TRIGGER events_append_only")
+        rows = conn.execute("SELECT run_id, seq, kind, step, fp, data, at_s FROM events").fetchall()
+        for run_id, *row in rows:
+            conn.execute(
+                "UPDATE events SET crc = ? WHERE run_id = ? AND seq = ?",
+                (codec.checksum_format_0(*row), run_id, row[0]),
+            )
+        conn.execute(guard)
+        conn.execute("PRAGMA user_version = 5")
+        conn.commit()
+    assert _crc_formats(old, "before") == _crc_formats(old, "sleeping") == {0}
+
+    with _runtime(old) as rt:
+        assert rt.replay("before").result == "plan: plan for before"
+        assert rt.run(chain, {"steps": 2}, run_id="after").status == "COMPLETED"
+        wake_at_s = rt.state("sleeping").wake_at_s
+        assert wake_at_s is not None
+        [fired] = rt.tick(now=wake_at_s + 1)
+        assert (fired.run_id, fired.status) == ("sleeping", "COMPLETED")
+    assert _sqlite_rows(old, "PRAGMA user_version") == [(6,)]
+    assert _crc_formats(old, "after") == {1}
+    assert _crc_formats(old, "sleeping") == {0, 1}
+    assert [f.message for f in examine(str(old)) if not f.ok] == []
+
+    url = database()
+    assert copy_database(old, url).runs == 3
+    assert _crc_formats(url, "before") == {0} and _crc_formats(url, "after") == {1}
+    with _runtime(url) as rt:
+        for run_id in ("before", "after"):
+            assert rt.replay(run_id).result == f"plan: plan for {run_id}"
+        assert rt.replay("sleeping").result == {"n": 101}
 
 
 def test_what_cannot_be_migrated_is_refused_by_name(source: Path, tmp_path: Path) -> None:

@@ -102,14 +102,15 @@ def test_a_database_of_an_older_schema_is_migrated_by_a_writer_and_named_to_a_re
     command says what to do instead of failing on a missing table, and a runtime migrates it."""
     from durabl.errors import OlderSchemaError
     from durabl.store import open_store
-    from durabl.store.postgres import MIGRATIONS
+    from durabl.store.postgres import MIGRATIONS, SCHEMA_VERSION
 
     first = dict(MIGRATIONS)[1]
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("CREATE SCHEMA durabl")
         conn.execute(first.encode())
         conn.execute("INSERT INTO durabl.meta (application, schema_version) VALUES ('durabl', 1)")
-    with pytest.raises(OlderSchemaError, match="schema v1, older than this durabl's v2"):
+    older = f"schema v1, older than this durabl's v{SCHEMA_VERSION}"
+    with pytest.raises(OlderSchemaError, match=older):
         open_store(url, read_only=True)
     run_id = seeded(url)  # a runtime opens it: migrated, then used
     with Runtime(url) as rt:

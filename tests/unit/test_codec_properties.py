@@ -256,8 +256,18 @@ event_rows = st.fixed_dictionaries(_fields)
 
 
 def test_checksum_is_stable_across_versions() -> None:
-    # Stored rows carry this number; changing the formula would make every old log "damaged".
-    assert codec.checksum(1, events.RUN_STARTED, 0, None, "{}", 1.5) == 3938685836
+    # Stored rows carry these numbers; changing either formula would make old logs "damaged".
+    assert codec.checksum(1, events.RUN_STARTED, 0, None, "{}", 1.5) == 7564957199
+    assert codec.checksum_format_0(1, events.RUN_STARTED, 0, None, "{}", 1.5) == 3938685836
+
+
+def test_a_row_written_in_format_0_still_holds() -> None:
+    """Files written before format 1 keep their crcs: reading them must not call them damaged."""
+    old = (1, events.RUN_STARTED, 0, None, "{}", 1.5, 3938685836)
+    assert codec.first_corrupt([old]) is None
+    assert codec.holds(*old)
+    assert not codec.holds(*old[:4], "{ }", 1.5, 3938685836)
+    assert not codec.holds(*old[:5], 1.25, 3938685836)
 
 
 @PROPERTY_SETTINGS
@@ -272,9 +282,34 @@ def test_checksum_changes_when_any_field_changes(
 
 @PROPERTY_SETTINGS
 @given(row=event_rows)
-def test_checksum_is_a_32_bit_function_of_the_row(row: dict[str, Any]) -> None:
+def test_checksum_is_a_32_bit_function_of_the_row_marked_with_its_format(
+    row: dict[str, Any],
+) -> None:
     assert codec.checksum(**row) == codec.checksum(**dict(reversed(list(row.items()))))
-    assert 0 <= codec.checksum(**row) < 2**32
+    assert codec.checksum(**row) >> 32 == 1
+    assert 0 <= codec.checksum_format_0(**row) < 2**32
+
+
+@PROPERTY_SETTINGS
+@given(row=event_rows, field=st.sampled_from(sorted(_fields)), data=st.data())
+def test_a_format_0_crc_changes_when_any_field_changes(
+    row: dict[str, Any], field: str, data: st.DataObject
+) -> None:
+    other = data.draw(_fields[field].filter(lambda v: v != row[field]), label="other value")
+    stored = _stored({**row, field: other}, codec.checksum_format_0(**row))
+    assert codec.first_corrupt([stored]) == stored[0]
+
+
+@PROPERTY_SETTINGS
+@given(row=event_rows)
+def test_a_crc_is_checked_by_the_format_it_names(row: dict[str, Any]) -> None:
+    """A format 1 crc is not accepted as format 0's, nor the other way round, nor a crc that
+    names a format there is none of."""
+    new, old = codec.checksum(**row), codec.checksum_format_0(**row)
+    assert codec.holds(**row, crc=new) and codec.holds(**row, crc=old)
+    for wrong in (new & 0xFFFFFFFF, old | codec.CHECKSUM_FORMAT_1, new + (1 << 32), -old):
+        if wrong not in (new, old):
+            assert not codec.holds(**row, crc=wrong)
 
 
 def test_checksum_depends_on_the_time_not_on_its_python_type() -> None:
@@ -308,4 +343,5 @@ def test_first_corrupt_agrees_with_checksum_row_by_row(
 
 def test_first_corrupt_reads_an_int_time_as_checksum_does() -> None:
     row = {"seq": 3, "kind": events.STEP_STARTED, "step": 1, "fp": None, "data": None, "at_s": 7}
-    assert codec.first_corrupt([_stored(row, codec.checksum(**{**row, "at_s": 7.0}))]) is None
+    for formula in (codec.checksum, codec.checksum_format_0):
+        assert codec.first_corrupt([_stored(row, formula(**{**row, "at_s": 7.0}))]) is None

@@ -237,8 +237,8 @@ def _scan(reader: _Reader, progress: Progress | None) -> tuple[dict[str, _Log], 
     damaged = []
     for done, row in enumerate(reader.rows("doctor_events"), 1):
         run_id, seq, kind = row["run_id"], row["seq"], row["kind"]
-        crc = codec.checksum(seq, kind, row["step"], row["fp"], row["data"], row["at_s"])
-        if crc != row["crc"]:
+        step, fp, data, at_s, crc = row["step"], row["fp"], row["data"], row["at_s"], row["crc"]
+        if not codec.holds(seq, kind, step, fp, data, at_s, crc):
             damaged.append(f"run {run_id} seq {seq}: the event ({kind}) fails its checksum")
         log = logs.setdefault(run_id, _Log())
         if log.last is not None and seq != log.last[0] + 1:

@@ -323,7 +323,7 @@ def _check_source(
     last_run, last_seq = None, 0
     for done, row in enumerate(_rows(src, _SOURCE_EVENTS), 1):
         run_id, seq, kind, step, fp, data, at_s, crc, watermark = row
-        if codec.checksum(seq, kind, step, fp, data, at_s) != crc:
+        if not codec.holds(seq, kind, step, fp, data, at_s, crc):
             raise EventChecksumError(path=source, run_id=run_id, seq=seq)
         if run_id != last_run:
             if watermark is None:
@@ -470,7 +470,7 @@ def _verify_table(
                 raise _mismatch(table, target, sent, got)
             if table is EVENTS:
                 _, seq, kind, step, fp, data, at_s, crc = got
-                if codec.checksum(seq, kind, step, fp, data, at_s) != crc:
+                if not codec.holds(seq, kind, step, fp, data, at_s, crc):
                     raise _mismatch(table, target, sent, got, "fails its checksum")
             if report is not None and (done % _PROGRESS_EVERY == 0 or done == total):
                 report(VERIFYING, done, total)

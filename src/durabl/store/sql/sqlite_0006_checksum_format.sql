@@ -1,0 +1,7 @@
+-- durabl schema v6: an event's crc may name the formula that made it.
+-- From this version on, a new event's crc carries format 1 in its bits above the low 32: the
+-- CRC-32 of the row's text up to its time, then of the time's eight bytes (see
+-- durabl.codec.CHECKSUM_FORMAT_1). Rows already stored keep their format 0 crcs, which durabl
+-- still verifies, so nothing is rewritten. The version rises so that an older durabl, which
+-- knows format 0 only and would call every new row damaged, refuses the file as newer instead.
+-- No table, index or trigger changes.
