@@ -47,6 +47,7 @@ from durabl.errors import (
     RunExistsError,
     RunNotFoundError,
     SideEffectExistsError,
+    StoreClosedError,
 )
 from durabl.events import Event
 from durabl.store import Commit, KeyClaim, RunRow, SideEffect, SQLiteStore, Store
@@ -1622,6 +1623,42 @@ class TestGroupCommit:
             assert effect_row is not None and effect_row.run_id == "run-0"
         finally:
             store.close()
+
+
+    def test_commits_in_line_when_the_leader_fails_are_each_answered(self, tmp_path: Path) -> None:
+        # The first commit in line leads; when it fails, the lead passes to the next one, so
+        # that none of them is left waiting for a batch that will not come.
+        store = SQLiteStore(tmp_path / "agent.db")
+        for n in range(4):
+            new_run(store, f"run-{n}")
+        outcomes: dict[int, BaseException | None] = {}
+
+        def commit(n: int) -> None:
+            try:
+                store.commit(
+                    Commit(
+                        f"run-{n}",
+                        [event(2)],
+                        side_effect=effect(f"k-{n}", f"run-{n}", 2),
+                        durable=True,
+                    )
+                )
+                outcomes[n] = None
+            except BaseException as exc:
+                outcomes[n] = exc
+
+        with store._lock:
+            waiting = [threading.Thread(target=commit, args=(n,)) for n in range(4)]
+            for thread in waiting:
+                thread.start()
+            while len(store._queue) < 4:
+                time.sleep(0.001)
+            store.close()
+        for thread in waiting:
+            thread.join(timeout=30)
+        assert not any(thread.is_alive() for thread in waiting)
+        assert sorted(outcomes) == [0, 1, 2, 3]
+        assert all(isinstance(e, StoreClosedError) for e in outcomes.values()), outcomes
 
 
 class TestSQLiteFile:

@@ -7,10 +7,13 @@ Because the WAL is one append-only file, that fsync also makes every earlier com
 the runtime pays one fsync per completed step and nothing for the bookkeeping before it.
 
 Group commit: threads that commit at the same time share one transaction, and so one fsync.
-A thread that finds the connection busy queues its commit; whoever takes the connection next
-commits everything queued, each commit inside its own savepoint, so one commit's refusal does
-not undo the others. Under ``durability="full"`` the number of fsyncs then grows with the
-number of batches, not with the number of runs.
+Commits get in line; the first in line leads: it takes the connection and commits everything
+in line behind it, each commit inside its own savepoint, so one commit's refusal does not undo
+the others. The others wait on a gate of their own, each woken once: a committed one by the
+one before it (one after another, so that they do not all contend for the GIL at once), the
+new first in line by the leader, at once, to lead the next batch while the previous one's
+threads go back to their steps. Under ``durability="full"`` the number of fsyncs then grows
+with the number of batches, not with the number of runs.
 
 The SQL is in ``schema`` (named statements, migrations), how a file is judged and opened in
 ``connection`` and ``files``, and what SQLite's errors mean in ``sqlite_errors``.
@@ -18,8 +21,10 @@ The SQL is in ``schema`` (named statements, migrations), how a file is judged an
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
+import itertools
 import json
 import os
 import sqlite3
@@ -123,7 +128,7 @@ class SQLiteStore:
         self.durability = durability
         self.read_only = read_only
         self._lock = threading.RLock()
-        self._queue: list[_Pending] = []
+        self._queue: collections.deque[_Pending] = collections.deque()
         self._queue_lock = threading.Lock()
         self.commits = 0
         """Commits made through ``commit``, since the store opened."""
@@ -326,23 +331,55 @@ class SQLiteStore:
         committing (see the module docstring); returns the rows the last one changed."""
         if self._lock.acquire(blocking=False):
             try:
-                if not self._queue:  # nobody else is committing: no batch to join or lead
+                if not self._queue:  # nobody else is committing: no line to join or lead
                     return self._commit_alone(statements, durable)
             finally:
                 self._lock.release()
         mine = _Pending(statements, durable)
         with self._queue_lock:
+            if self._queue:  # another commit is in line: wait to be committed, or to lead
+                mine.gate = threading.Lock()
+                mine.gate.acquire()
             self._queue.append(mine)
-        while not mine.done:
-            with self._lock:
-                if mine.done:  # committed by the thread that held the connection
-                    break
-                with self._queue_lock:
-                    batch, self._queue = self._queue, []
-                self._commit_batch(batch)
+        interrupted = None if mine.gate is None else mine.wait()
+        if mine.done:  # committed by the leader of its batch
+            if mine.then is not None:
+                mine.then.wake()
+        else:  # first in line: it leads
+            try:
+                with self._lock:
+                    with self._queue_lock:
+                        batch = list(self._queue)  # ``mine`` first: the leader is first in line
+                    if len(batch) == 1:
+                        mine.changed = self._commit_alone(statements, durable)
+                    else:
+                        self._commit_batch(batch)
+            finally:
+                self._hand_over(mine)
+        if interrupted is not None:
+            raise interrupted
         if mine.error is not None:
             raise mine.error
         return mine.changed
+
+    def _hand_over(self, leader: _Pending) -> None:
+        """Take ``leader`` and the commits its batch settled out of the line, wake their
+        threads, and wake the first one left, which leads the next batch. A commit its batch
+        did not settle (the leader's thread died mid-batch) stays in line, to be committed
+        again."""
+        settled = []
+        with self._queue_lock:
+            queue = self._queue
+            queue.popleft()
+            while queue and queue[0].done:
+                settled.append(queue.popleft())
+            first = queue[0] if queue else None
+        if first is not None:
+            first.wake()
+        if settled:
+            for pending, after in itertools.pairwise(settled):
+                pending.then = after
+            settled[0].wake()
 
     def _commit_alone(self, statements: list[_Written], durable: bool) -> int:
         """``_commit_batch`` of one commit, without the batch's bookkeeping: the common case
@@ -370,43 +407,19 @@ class SQLiteStore:
         return changed
 
     def _commit_batch(self, batch: list[_Pending]) -> None:
-        """Commit ``batch`` in one transaction. Called with the connection lock held."""
-        if len(batch) == 1:
-            self._commit_one(batch[0])
-            return
+        """Commit ``batch`` in one transaction, each commit's answer (or refusal) recorded on
+        it. Called with the connection lock held."""
         conn = self._live()
         try:
             self._set_sync(conn, any(p.durable for p in batch))
             self._commit_together(conn, batch)
-        except BaseException as exc:
-            # The transaction did not commit. A storage error is every commit's answer; any
-            # other exception (a simulated death) is this thread's own: the others queue again.
-            if isinstance(exc, sqlite3.Error):
-                error = storage_error(self.path, exc)
-                for pending in batch:
-                    pending.fail(error)
-                raise error from None
-            with self._queue_lock:
-                self._queue[:0] = [p for p in batch if p.thread != _me()]
-            raise
+        except sqlite3.Error as exc:  # the transaction did not commit: every commit's answer
+            error = storage_error(self.path, exc)
+            for pending in batch:
+                pending.fail(error)
+            raise error from None
         self.commits += len(batch)
         self.transactions += 1
-
-    def _commit_one(self, pending: _Pending) -> None:
-        """A batch of one: ``_commit_alone``, its answer (or refusal) recorded on ``pending``."""
-        try:
-            pending.changed = self._commit_alone(pending.statements, pending.durable)
-        except DurablError as refused:  # a refusal, or a storage error: the commit's answer
-            pending.fail(refused)
-            if pending.thread == _me():
-                raise
-            return
-        except BaseException:  # a simulated death: this thread's own; the commit queues again
-            if pending.thread != _me():
-                with self._queue_lock:
-                    self._queue.insert(0, pending)
-            raise
-        pending.done = True
 
     def _commit_together(self, conn: sqlite3.Connection, batch: list[_Pending]) -> None:
         """Each commit of ``batch`` in a savepoint of its own, then one COMMIT for them all."""
@@ -654,10 +667,6 @@ def check_signal_target(path: str, run_id: str, found: Any) -> None:
         raise RunEndedError(run_id=run_id, status=status)
 
 
-def _me() -> int:
-    return threading.get_ident()
-
-
 _RESULT_PARAMETERS = (
     "run_id", "seq", "kind", "step", "fp", "data", "at_s", "crc", "fence",
     "idempotency_key", "effect_run_id", "effect_step", "tool", "args_fp", "result",
@@ -750,17 +759,37 @@ class _Reading:
 
 
 class _Pending:
-    """One commit waiting for its batch: its statements, and once done, its answer."""
+    """One commit in line for its batch: its statements, and once done, its answer. A commit
+    that found others in line waits on its ``gate``, released once: when it is done, or when it
+    is first in line and so leads the next batch."""
 
-    __slots__ = ("changed", "done", "durable", "error", "statements", "thread")
+    __slots__ = ("changed", "done", "durable", "error", "gate", "statements", "then")
 
     def __init__(self, statements: list[_Written], durable: bool) -> None:
         self.statements = statements
         self.durable = durable
-        self.thread = _me()
         self.done = False
         self.changed = 0
         self.error: BaseException | None = None
+        self.gate: threading.Lock | None = None
+        self.then: _Pending | None = None
 
     def fail(self, error: BaseException) -> None:
         self.error, self.done = error, True
+
+    def wait(self) -> BaseException | None:
+        """Wait for the gate. An exception raised in the thread meanwhile (a KeyboardInterrupt)
+        is returned, to be raised once the commit is done or led: the commits behind this one
+        wait for it to lead, or to wake them."""
+        assert self.gate is not None
+        interrupted = None
+        while True:
+            try:
+                self.gate.acquire()
+                return interrupted
+            except BaseException as exc:
+                interrupted = exc
+
+    def wake(self) -> None:
+        if self.gate is not None:
+            self.gate.release()
