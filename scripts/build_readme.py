@@ -88,7 +88,7 @@ def performance_table(numbers: dict[str, Any]) -> str:
     for c in numbers["throughput"]["target"]["cells"]:
         lines.append(
             f"| full-mode steps/s, {c['concurrency']} concurrent runs ({c['variant']}) / one "
-            f"fsync per step | {c['ratio_to_cap']:.3g} | > 1 | {_met(c['met'])} |"
+            f"fsync per step | {c['ratio_to_cap']:.3f} | > 1 | {_met(c['met'])} |"
         )
     return "\n".join(lines)
 
