@@ -19,11 +19,14 @@ own tables beside it.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import itertools
 import os
 import shutil
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -56,6 +59,7 @@ from durabl.store.base import UNCHANGED, Lease, ParentNote, Signal, ToolResult
 from durabl.store.postgres import PostgresStore
 from durabl.store.sqlite import APPLICATION_ID, SCHEMA_VERSION, Q
 from durabl.store.sqlite_errors import storage_error
+from durabl.store.turns import Turns
 
 T0_S = 1_700_000_000.0
 
@@ -1659,6 +1663,131 @@ class TestGroupCommit:
         assert not any(thread.is_alive() for thread in waiting)
         assert sorted(outcomes) == [0, 1, 2, 3]
         assert all(isinstance(e, StoreClosedError) for e in outcomes.values()), outcomes
+
+
+class TestWritersTurns:
+    """Under ``durability="full"`` a store takes its turn at writing (``durabl.store.turns``):
+    an exclusive flock on the database's -wal, held for each write transaction."""
+
+    HOLDER = (
+        "import sys, time\n"
+        "from durabl.store.turns import Turns\n"
+        "Turns(sys.argv[1]).take()\n"
+        "print('held', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+
+    @contextlib.contextmanager
+    def _holder(self, path: Path) -> Iterator[None]:
+        """Another process holding the turn at writing ``path`` for the block, then killed
+        with SIGKILL: the kernel gives its turn back."""
+        with subprocess.Popen(
+            [sys.executable, "-c", self.HOLDER, str(path)], stdout=subprocess.PIPE, text=True
+        ) as holder:
+            try:
+                assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+                yield
+            finally:
+                holder.kill()
+
+    def _commit_in_thread(self, store: SQLiteStore, run_id: str) -> threading.Thread:
+        def commit() -> None:
+            store.commit(
+                Commit(run_id, [event(2)], side_effect=effect(f"k-{run_id}", run_id, 2), durable=True)
+            )
+
+        thread = threading.Thread(target=commit)
+        thread.start()
+        return thread
+
+    def test_a_full_store_waits_for_a_turn_a_killed_process_held(self, tmp_path: Path) -> None:
+        path = tmp_path / "agent.db"
+        store = SQLiteStore(path, durability="full")
+        watcher = SQLiteStore(path, durability="process")
+        try:
+            new_run(store, "run-1")
+            with self._holder(path):
+                thread = self._commit_in_thread(store, "run-1")
+                thread.join(timeout=0.5)
+                assert thread.is_alive(), "the commit went ahead while another process wrote"
+                assert [e.seq for e in watcher.load_log("run-1")] == [1]
+            thread.join(timeout=30)
+            assert not thread.is_alive()
+            assert [e.seq for e in watcher.load_log("run-1")] == [1, 2]
+        finally:
+            watcher.close()
+            store.close()
+
+    def test_a_process_store_takes_no_turn(self, tmp_path: Path) -> None:
+        # Its writes take tens of microseconds, which two lock calls would add to; it meets
+        # other writers at SQLite's own lock.
+        path = tmp_path / "agent.db"
+        store = SQLiteStore(path, durability="process")
+        try:
+            new_run(store, "run-1")
+            with self._holder(path):
+                thread = self._commit_in_thread(store, "run-1")
+                thread.join(timeout=30)
+                assert not thread.is_alive()
+            assert [e.seq for e in store.load_log("run-1")] == [1, 2]
+        finally:
+            store.close()
+
+    def test_the_turn_is_given_back_however_a_write_ends(self, tmp_path: Path) -> None:
+        path = tmp_path / "agent.db"
+        store = SQLiteStore(path, durability="full")
+
+        def free() -> bool:
+            fd = os.open(f"{path}-wal", os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                return False
+            finally:
+                os.close(fd)
+
+        try:
+            new_run(store, "run-1")
+            assert free()
+            store.commit(Commit("run-1", [event(2)], side_effect=effect("taken", "run-1", 2)))
+            assert free()
+            with pytest.raises(SideEffectExistsError):  # refused inside the transaction
+                store.commit(Commit("run-1", [event(3)], side_effect=effect("taken", "run-1", 3)))
+            assert free()
+            with pytest.raises(ProcessDeath):  # a death in the middle of the transaction
+                store.commit(Commit("run-1", [event(3, data=_DiesWhenBound('"x"'))]))
+            assert free()
+            assert [e.seq for e in store.load_log("run-1")] == [1, 2]
+        finally:
+            store.close()
+
+    def test_a_forked_child_takes_a_turn_of_its_own(self, tmp_path: Path) -> None:
+        # A descriptor inherited across fork shares its lock with the parent's: the child
+        # opens the -wal again, so that it waits for the parent's turn like any other process.
+        path = tmp_path / "agent.db"
+        SQLiteStore(path, durability="full").close()
+        keep = sqlite3.connect(path)  # keeps the -wal in place
+        keep.execute("PRAGMA journal_mode=WAL").fetchall()
+        keep.execute("SELECT 1 FROM sqlite_master").fetchall()
+        turns = Turns(str(path))
+        turns.take()
+        try:
+            pid = os.fork()
+            if pid == 0:  # the child: wait for a turn, then leave at once
+                try:
+                    turns.take()
+                    turns.give()
+                finally:
+                    os._exit(0)
+            time.sleep(0.5)
+            assert os.waitpid(pid, os.WNOHANG) == (0, 0), "the child took the parent's turn"
+        finally:
+            turns.give()
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        turns.close()
+        keep.close()
 
 
 class TestSQLiteFile:

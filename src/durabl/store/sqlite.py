@@ -30,7 +30,7 @@ import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from durabl import codec
 from durabl.errors import (
@@ -75,6 +75,9 @@ from durabl.store.schema import (
     Q,
 )
 from durabl.store.sqlite_errors import duplicate_key, storage_error
+
+if TYPE_CHECKING:
+    from durabl.store.turns import Turns
 
 __all__ = ["APPLICATION_ID", "MIGRATIONS", "SCHEMA_VERSION", "Q", "SQLiteStore"]
 
@@ -138,6 +141,12 @@ class SQLiteStore:
         self._closed = False
         self._conn = open_database(self.path, read_only=read_only)
         self._reading = _Reading(self)
+        self._turns: Turns | None = None
+        """Writers' turns across processes, under ``durability="full"`` (see ``turns``)."""
+        if durability == "full" and not read_only:
+            from durabl.store.turns import Turns  # fcntl, loaded only by the stores that use it
+
+            self._turns = Turns(self.path)
 
     # -- transactions ----------------------------------------------------------------------
 
@@ -146,20 +155,27 @@ class SQLiteStore:
         """One IMMEDIATE transaction; rolled back on any BaseException, a simulated death too."""
         with self._lock:
             conn = self._live()
+            turns = self._turns
+            if turns is not None:
+                turns.take()
             try:
-                self._set_sync(conn, durable)
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise storage_error(self.path, exc) from None
-            try:
-                yield conn
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.Error):
+                try:
+                    self._set_sync(conn, durable)
+                    conn.execute("BEGIN IMMEDIATE")
+                except sqlite3.Error as exc:
                     raise storage_error(self.path, exc) from None
-                raise
+                try:
+                    yield conn
+                    conn.execute("COMMIT")
+                except BaseException as exc:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    if isinstance(exc, sqlite3.Error):
+                        raise storage_error(self.path, exc) from None
+                    raise
+            finally:
+                if turns is not None:
+                    turns.give()
 
     def _set_sync(self, conn: sqlite3.Connection, durable: bool) -> None:
         """fsync on commit only when this commit must survive power loss."""
@@ -386,6 +402,9 @@ class SQLiteStore:
         of one thread committing. Called with the connection lock held."""
         conn = self._live()
         changed = 0
+        turns = self._turns
+        if turns is not None:
+            turns.take()
         try:
             self._set_sync(conn, durable)
             if len(statements) == 1:  # its own transaction in autocommit mode
@@ -402,6 +421,9 @@ class SQLiteStore:
                     raise
         except sqlite3.Error as exc:
             raise storage_error(self.path, exc) from None
+        finally:
+            if turns is not None:
+                turns.give()
         self.commits += 1
         self.transactions += 1
         return changed
@@ -410,6 +432,9 @@ class SQLiteStore:
         """Commit ``batch`` in one transaction, each commit's answer (or refusal) recorded on
         it. Called with the connection lock held."""
         conn = self._live()
+        turns = self._turns
+        if turns is not None:
+            turns.take()
         try:
             self._set_sync(conn, any(p.durable for p in batch))
             self._commit_together(conn, batch)
@@ -418,6 +443,9 @@ class SQLiteStore:
             for pending in batch:
                 pending.fail(error)
             raise error from None
+        finally:
+            if turns is not None:
+                turns.give()
         self.commits += len(batch)
         self.transactions += 1
 
@@ -630,6 +658,8 @@ class SQLiteStore:
         with self._lock:
             if not self._closed:
                 self._closed = True
+                if self._turns is not None:
+                    self._turns.close()
                 self._conn.close()
 
 
