@@ -24,6 +24,8 @@ soon as the lock is given back.
   nothing to clean up and no stale lock to break.
 - **fork.** A lock taken through an inherited descriptor is the parent's lock, so a child
   opens the file again before its first turn.
+- **No flock.** On a file system that refuses ``flock`` the store takes no turns and its writes
+  meet at SQLite's lock, as a ``"process"`` store's do.
 """
 
 from __future__ import annotations
@@ -55,7 +57,12 @@ class Turns:
         if self._held:
             self._held += 1
         elif self._fd >= 0:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
+            except OSError:  # a file system without flock (ENOLCK, EOPNOTSUPP): no turns
+                os.close(self._fd)
+                self._fd = -1
+                return
             self._held = 1
 
     def give(self) -> None:
