@@ -36,7 +36,8 @@ import os
 
 class Turns:
     """Turns at writing the SQLite database at ``path``, for one store (which calls ``take``
-    and ``give`` with its connection's lock held: one thread at a time)."""
+    and ``give`` around each write transaction, with its connection's lock held: one thread at
+    a time, and never a write inside another)."""
 
     __slots__ = ("_fd", "_held", "_pid", "_wal")
 
@@ -45,8 +46,8 @@ class Turns:
         self._fd = -1
         self._pid = 0
         """The process ``_fd`` was opened in: another one (a forked child) opens its own."""
-        self._held = 0
-        """How many ``take`` calls are not given back yet (a write inside a write)."""
+        self._held = False
+        """Whether ``take`` locked the file (it does not without a ``-wal``, or without flock)."""
 
     def take(self) -> None:
         """Wait for this process's turn to write. Without the ``-wal`` (before the database's
@@ -54,35 +55,31 @@ class Turns:
         as if the store took none: SQLite's own lock still orders it."""
         if self._pid != os.getpid():
             self._open()
-        if self._held:
-            self._held += 1
-        elif self._fd >= 0:
+        if self._fd >= 0:
             try:
                 fcntl.flock(self._fd, fcntl.LOCK_EX)
             except OSError:  # a file system without flock (ENOLCK, EOPNOTSUPP): no turns
                 os.close(self._fd)
                 self._fd = -1
                 return
-            self._held = 1
+            self._held = True
 
     def give(self) -> None:
         """Give the turn back (after the transaction has committed or rolled back)."""
-        if self._held > 1:
-            self._held -= 1
-        elif self._held == 1:
-            self._held = 0
+        if self._held:
+            self._held = False
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def close(self) -> None:
         """Close the file, which gives back a turn still held."""
-        fd, self._fd, self._held = self._fd, -1, 0
+        fd, self._fd, self._held = self._fd, -1, False
         if fd >= 0:  # in a forked child, its copy: the parent's lock stays the parent's
             os.close(fd)
 
     def _open(self) -> None:
         if self._fd >= 0:  # inherited across fork: the parent's descriptor and lock
             os.close(self._fd)
-            self._fd, self._held = -1, 0
+            self._fd, self._held = -1, False
         try:
             self._fd = os.open(self._wal, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
